@@ -1,0 +1,83 @@
+"""The `forge` command: validate and run recipes (plan, eval, export and deploy arrive later)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from forge.errors import ForgeError
+
+
+def _validate(args) -> int:
+    from forge.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    kinds = ", ".join(f"{s.name} ({s.kind})" for s in recipe.stages)
+    print(f"{args.recipe}: ok: {recipe.name}: {len(recipe.stages)} stage(s): {kinds}; output {recipe.output}")
+    return 0
+
+
+def _run(args) -> int:
+    from forge.recipe import load_recipe
+    from forge.track import Tracker
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    _quiet_libraries()
+    try:
+        pipeline = importlib.import_module(f"pipelines.{recipe.pipeline}")
+    except ModuleNotFoundError:
+        raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
+    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None))
+    if rank0:
+        print(f"novella: {summary['novella']}")
+        print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {summary['run_id']})")
+        if "model_uri" in summary:
+            print(f"model:   {summary['model_uri']} (version {summary['version']})")
+        print(f"ui:      mlflow server --backend-store-uri {recipe.tracking_uri} --host 127.0.0.1 --port 5000")
+    return 0
+
+
+def _quiet_libraries() -> None:
+    """Library progress bars and advisories only clutter forge's own output."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge", description="Customize language models with your own data.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, func, text in [("validate", _validate, "check a recipe without running it"),
+                             ("run", _run, "run a recipe's pipeline")]:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("recipe", help="path to a recipe YAML")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. stages[0].optim.lr=1e-4")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ForgeError as e:
+        print(f"forge: error: {e}".replace("\n", "\n  "), file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
+        if os.environ.get("FORGE_DEBUG"):
+            raise
+        print(f"forge: unexpected error: {type(e).__name__}: {e}\n  (set FORGE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("forge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

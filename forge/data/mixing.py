@@ -1,0 +1,186 @@
+"""Weighted mixing of sources by share of trained tokens, packed into fixed-length blocks.
+
+Documents are tokenized in batches, joined with a separator (EOS after, or BOS before, each
+document) and cut into `seq_len` blocks with no padding. Each piece of a block comes from the
+source whose share of tokens so far lags its weight the most (a deficit rule, deterministic), so
+every source's share of trained tokens matches its weight to within one piece over a run. A source
+that runs out starts again from its first document and its repeat count goes up. The loader's
+position in every source is a small state dict, saved with checkpoints, so a resumed run sees the
+same tokens an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from typing import Iterator
+
+import torch
+
+from forge.data.sources import Source
+from forge.errors import ForgeError
+
+ENCODE_BATCH = 128
+
+
+def in_holdout(source: str, record: int, fraction: float, seed: int) -> bool:
+    """Stable split: a record is held out when its hash falls below `fraction` (no RNG state)."""
+    digest = hashlib.blake2b(f"{seed}:{source}:{record}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < fraction
+
+
+class TokenStream:
+    """One source's documents, as token ids, for one split; optionally repeating forever."""
+
+    def __init__(self, source: Source, tokenizer, separator: str, holdout: float, split: str,
+                 seed: int, repeat: bool):
+        self.source, self.tokenizer, self.repeat = source, tokenizer, repeat
+        self.holdout, self.split, self.seed = holdout, split, seed
+        sep_id = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
+        if sep_id is None:
+            raise ForgeError(f"the tokenizer has no {separator.upper()} token; set the stage's separator to the other one")
+        self.sep_id, self.sep_after = sep_id, separator == "eos"
+        self.epoch, self.repeats, self.exhausted = 0, 0, False
+        self._records: Iterator[tuple[int, str]] = iter(())
+        self._queue: deque[tuple[int, list[int]]] = deque()
+        self._cur: list[int] = []
+        self._cur_record, self._offset = 0, 0
+        self._seen_in_epoch = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._records = iter(self.source.records())
+        self._seen_in_epoch = 0
+
+    def _wanted(self, record: int) -> bool:
+        held = in_holdout(self.source.name, record, self.holdout, self.seed)
+        return held if self.split == "eval" else not held
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        if self.sep_after:
+            return [x + [self.sep_id] for x in ids]
+        return [[self.sep_id] + x for x in ids]
+
+    def _fill(self) -> bool:
+        """Queue the next batch of encoded documents; False when the source has none left."""
+        while not self._queue:
+            batch: list[tuple[int, str]] = []
+            for record, text in self._records:
+                if self._wanted(record) and text:
+                    batch.append((record, text))
+                    if len(batch) == ENCODE_BATCH:
+                        break
+            if batch:
+                self._seen_in_epoch += len(batch)
+                self._queue.extend(zip((r for r, _ in batch), self._encode([t for _, t in batch])))
+                return True
+            if self._seen_in_epoch == 0 and self.split == "train":
+                raise ForgeError(f"data source {self.source.name!r} has no {self.split} documents")
+            if not self.repeat:
+                self.exhausted = True
+                return False
+            self.epoch += 1
+            self.repeats += 1
+            self._open()
+        return True
+
+    def take(self, n: int) -> list[int]:
+        """Up to `n` tokens from the current document (starting the next one when needed)."""
+        if self._offset >= len(self._cur):
+            if not self._fill():
+                return []
+            self._cur_record, self._cur = self._queue.popleft()
+            self._offset = 0
+        piece = self._cur[self._offset:self._offset + n]
+        self._offset += len(piece)
+        return piece
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "repeats": self.repeats, "record": self._cur_record,
+                "offset": self._offset, "exhausted": self.exhausted}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Re-read the source up to the saved document and position inside it."""
+        self.epoch, self.repeats, self.exhausted = state["epoch"], state["repeats"], state["exhausted"]
+        self._queue.clear()
+        self._open()
+        self._cur, self._offset, self._cur_record = [], 0, 0
+        if state["record"] == 0:
+            return
+        for record, text in self._records:
+            if record == state["record"]:
+                self._seen_in_epoch = 1
+                self._cur_record, self._cur = record, self._encode([text])[0]
+                self._offset = state["offset"]
+                return
+        raise ForgeError(f"data source {self.source.name!r} changed since the checkpoint: record {state['record']} is gone")
+
+
+class MixedBlocks:
+    """Packed `seq_len` blocks drawn from several token streams by token-share weights."""
+
+    def __init__(self, streams: dict[str, TokenStream], weights: dict[str, float], seq_len: int):
+        total = sum(weights.values())
+        self.streams, self.seq_len = streams, seq_len
+        self.weights = {k: v / total for k, v in weights.items()}
+        self.taken = {k: 0 for k in streams}
+
+    def next_block(self) -> list[int] | None:
+        """One full block, or None when non-repeating streams cannot fill another."""
+        block: list[int] = []
+        active = [k for k in self.streams if not self.streams[k].exhausted]
+        while len(block) < self.seq_len and active:
+            seen = sum(self.taken.values())
+            name = max(active, key=lambda k: self.weights[k] * seen - self.taken[k])
+            piece = self.streams[name].take(self.seq_len - len(block))
+            if not piece:
+                active.remove(name)
+                continue
+            block += piece
+            self.taken[name] += len(piece)
+        return block if len(block) == self.seq_len else None
+
+    def next_batch(self, batch_size: int, rank: int = 0, world: int = 1) -> torch.Tensor:
+        """This rank's `batch_size` blocks out of the next `batch_size * world` (same stream on every rank)."""
+        blocks = []
+        for _ in range(batch_size * world):
+            block = self.next_block()
+            if block is None:
+                raise ForgeError("the data ran out before the stage's token budget was met")
+            blocks.append(block)
+        return torch.tensor(blocks[rank * batch_size:(rank + 1) * batch_size], dtype=torch.long)
+
+    def shares(self) -> dict[str, float]:
+        seen = sum(self.taken.values()) or 1
+        return {k: v / seen for k, v in self.taken.items()}
+
+    def repeats(self) -> dict[str, int]:
+        return {k: s.repeats for k, s in self.streams.items()}
+
+    def state_dict(self) -> dict:
+        return {"taken": dict(self.taken), "streams": {k: s.state_dict() for k, s in self.streams.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.taken = dict(state["taken"])
+        for k, s in self.streams.items():
+            s.load_state_dict(state["streams"][k])
+
+
+def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
+                  separator: str, holdout: float, seed: int, split: str = "train") -> MixedBlocks:
+    """Training mixtures repeat exhausted sources; evaluation mixtures stop when data runs out."""
+    streams = {
+        name: TokenStream(sources[name], tokenizer, separator, holdout, split, seed, repeat=(split == "train"))
+        for name in weights
+    }
+    return MixedBlocks(streams, weights, seq_len)
+
+
+def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
+                separator: str, holdout: float, seed: int, max_blocks: int) -> torch.Tensor | None:
+    """A fixed held-out set: up to `max_blocks` blocks from each source's held-out documents."""
+    mix = build_mixture(sources, weights, tokenizer, seq_len, separator, holdout, seed, split="eval")
+    blocks = []
+    while len(blocks) < max_blocks and (block := mix.next_block()) is not None:
+        blocks.append(block)
+    return torch.tensor(blocks, dtype=torch.long) if blocks else None

@@ -1,0 +1,41 @@
+"""Lineage: where a Novella came from (base, each stage's settings, data hashes and tokens, metrics)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from pathlib import Path
+
+import forge
+from forge.data.sources import Source
+from forge.recipe import Recipe
+
+
+def source_record(src: Source, fingerprint: str) -> dict:
+    return {"files": [str(p) for p in src.files], "format": src.format, "text_fields": list(src.text_fields),
+            "proprietary": src.proprietary, "bytes": src.size_bytes, "sha256": fingerprint}
+
+
+def new_lineage(recipe: Recipe, base_checkpoint: Path) -> dict:
+    base = recipe.base if isinstance(recipe.base, str) else {"scratch": recipe.base.scratch.model_dump()}
+    return {
+        "name": recipe.name,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "forge_version": forge.__version__,
+        "base": {"spec": base, "checkpoint": str(base_checkpoint)},
+        "data": {},
+        "stages": [],
+        "metrics": {},
+    }
+
+
+def write_novella(checkpoint: Path, out: Path, lineage: dict) -> Path:
+    """The Novella folder: the final checkpoint's weights, tokenizer and config, plus lineage.json."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp, ignore=shutil.ignore_patterns("forge_state.json"))
+    (tmp / "lineage.json").write_text(json.dumps(lineage, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out

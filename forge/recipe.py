@@ -1,0 +1,454 @@
+"""Recipe schema, loading and dotted command-line overrides.
+
+A recipe is YAML validated once, at load time, into typed pydantic models. Every problem is
+reported on its own line naming the dotted path (``stages[1].optim.lr``), the YAML line, what was
+given and what was expected; stage code then reads typed fields and never guesses defaults.
+"""
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from forge.errors import ForgeError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# ---------------------------------------------------------------------------------------- data
+class GeneratedText(Strict):
+    """Text that forge writes itself (so the quickstart needs no downloads)."""
+
+    kind: Literal["stories", "facts"]
+    documents: int = Field(gt=0, le=1_000_000)
+    seed: int = 0
+
+
+class DataSource(Strict):
+    """A named source: local files (a path, glob or folder), a saved `datasets` folder, or generated text."""
+
+    path: str | None = None
+    generate: GeneratedText | None = None
+    format: Literal["auto", "text", "jsonl", "json", "parquet", "csv", "arrow"] = "auto"
+    text_field: str | list[str] = Field("text", description="field(s) holding text; a list is joined by newlines")
+    split: Literal["file", "paragraph", "line"] = Field(
+        "paragraph", description="how a plain-text file is cut into documents"
+    )
+    proprietary: bool = False
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> "DataSource":
+        if (self.path is None) == (self.generate is None):
+            raise ValueError("give exactly one of 'path' or 'generate'")
+        return self
+
+
+# -------------------------------------------------------------------------------------- stages
+class Optim(Strict):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(3e-4, gt=0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _betas(self) -> "Optim":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
+        return self
+
+
+class Schedule(Strict):
+    kind: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class EvalSettings(Strict):
+    every: int = Field(0, ge=0, description="steps between evaluations; 0 = only at the end")
+    holdout: float = Field(0.05, gt=0, lt=0.5, description="fraction of each source's documents held out")
+    max_blocks: int = Field(32, gt=0)
+
+
+class CheckpointSettings(Strict):
+    every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
+
+
+class PretrainStage(Strict):
+    """Continued pretraining / mid-training: causal-LM loss over packed token blocks."""
+
+    kind: Literal["pretrain"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    mixture: dict[str, float] = Field(min_length=1)
+    max_tokens: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    seq_len: int = Field(256, ge=8, le=1_048_576)
+    batch_size: int = Field(8, gt=0)
+    grad_accum: int = Field(1, gt=0)
+    optim: Optim = Optim()
+    schedule: Schedule = Schedule()
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 0
+    separator: Literal["eos", "bos"] = "eos"
+    eval: EvalSettings = EvalSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    log_every: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _budget(self) -> "PretrainStage":
+        if (self.max_tokens is None) == (self.max_steps is None):
+            raise ValueError("give exactly one of 'max_tokens' or 'max_steps'")
+        bad = {k: v for k, v in self.mixture.items() if not v > 0}
+        if bad:
+            raise ValueError(f"mixture weights must be > 0, got {bad}")
+        if self.schedule.warmup_steps and self.max_steps and self.schedule.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below max_steps ({self.max_steps})"
+            )
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.grad_accum * self.seq_len
+
+    def total_steps(self, world_size: int = 1) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        per_step = self.tokens_per_step * world_size
+        return max(1, -(-self.max_tokens // per_step))
+
+
+Stage = Annotated[Union[PretrainStage], Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------------------------------------- base
+class ScratchBase(Strict):
+    """A tiny Llama-style model made from a config, with a BPE tokenizer trained on recipe data."""
+
+    arch: Literal["llama"] = "llama"
+    hidden_size: int = Field(64, ge=8, le=8192)
+    layers: int = Field(2, ge=1, le=128)
+    heads: int = Field(4, ge=1)
+    kv_heads: int | None = Field(None, ge=1)
+    intermediate_size: int | None = Field(None, ge=8)
+    vocab_size: int = Field(1024, ge=64, le=262_144)
+    max_position: int = Field(512, ge=16)
+    tokenizer_sources: list[str] = Field(min_length=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ScratchBase":
+        if self.hidden_size % self.heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads})")
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        return self
+
+    def hf_config(self) -> dict[str, Any]:
+        """The transformers LlamaConfig this base builds (also what the planner reads)."""
+        return {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads or self.heads,
+            "intermediate_size": self.intermediate_size or 4 * self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": True,
+            "rms_norm_eps": 1e-5,
+            "hidden_act": "silu",
+        }
+
+
+class Base(Strict):
+    scratch: ScratchBase
+
+
+# ------------------------------------------------------------------------------------- recipe
+class Tracking(Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite inside the output folder")
+    experiment: str | None = None
+    register_model: bool = True
+    alias: str = Field("latest", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+class Compute(Strict):
+    target: str = "local"
+    chips: int | None = Field(None, gt=0)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+    pipeline: str = Field("novella", pattern=r"^[a-z_][a-z0-9_]*$")
+    base: str | Base
+    data: dict[str, DataSource] = Field(min_length=1)
+    stages: list[Stage] = Field(min_length=1)
+    tracking: Tracking = Tracking()
+    compute: Compute = Compute()
+    output: str
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> "Recipe":
+        problems = []
+        for i, stage in enumerate(self.stages):
+            for src in stage.mixture:
+                if src not in self.data:
+                    problems.append(
+                        f"stages[{i}].mixture.{src}: unknown data source; known: {sorted(self.data)}"
+                    )
+        names = [s.name for s in self.stages]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            problems.append(f"stages: stage names must be unique, repeated: {dupes}")
+        if isinstance(self.base, Base):
+            for src in self.base.scratch.tokenizer_sources:
+                if src not in self.data:
+                    problems.append(f"base.scratch.tokenizer_sources: unknown data source {src!r}")
+            for i, stage in enumerate(self.stages):
+                if stage.seq_len > self.base.scratch.max_position:
+                    problems.append(
+                        f"stages[{i}].seq_len: {stage.seq_len} exceeds base.scratch.max_position "
+                        f"({self.base.scratch.max_position})"
+                    )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.uri or f"sqlite:///{Path(self.output).resolve() / 'mlflow.db'}"
+
+    @property
+    def experiment(self) -> str:
+        return self.tracking.experiment or self.name
+
+
+# ------------------------------------------------------------------------------ line lookup
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map each path (tuple of keys/indices) in the YAML document to its 1-based line."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[path + (key.value,)] = key.start_mark.line + 1
+                walk(value, path + (key.value,))
+                lines[path + (key.value,)] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(recipe)"
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    # pydantic puts union/discriminator tags in loc ('str', 'Base', 'pretrain'); drop them
+    tags = {"str", "Base", "pretrain"}
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or p.startswith("function-"))))
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The keys a mapping at `loc` accepts, found by walking the schema (for 'unknown key' errors)."""
+    node: Any = Recipe
+    for part in loc:
+        origin = get_origin(node)
+        if origin in (list, dict):
+            node = get_args(node)[-1]
+            continue
+        if origin is Annotated or origin is Union:
+            node = next(a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel))
+        if isinstance(node, type) and issubclass(node, BaseModel) and isinstance(part, str):
+            field = node.model_fields.get(part)
+            if field is None:
+                return []
+            node = field.annotation
+            while get_origin(node) is Union or get_origin(node) is Annotated:
+                models = [a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)]
+                lists = [a for a in get_args(node) if get_origin(a) in (list, dict)]
+                node = (models or lists or [None])[0]
+    if get_origin(node) is Union or get_origin(node) is Annotated:
+        node = next((a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+
+
+def _line_of(path: tuple, lines: dict) -> str:
+    while path and path not in lines:
+        path = path[:-1]
+    return f"line {lines[path]}" if path in lines else ""
+
+
+def _format_errors(err: ValidationError, where: str, lines: dict, overrides: dict[tuple, str]) -> list[str]:
+    out: list[str] = []
+    for e in err.errors():
+        loc = _clean_loc(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error" and not loc:
+            # cross-reference checks name their own paths, one problem per line
+            for line in msg.split("\n"):
+                place = _line_of(parse_path(line.split(":", 1)[0]), lines)
+                out.append(f"{where}{':' + place if place else ''}: {line}")
+            continue
+        origin = next((f"override {o!r}" for p, o in overrides.items() if loc[: len(p)] == p), None)
+        place = origin or _line_of(loc, lines)
+        given = ""
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "extra_forbidden":
+            msg = f"unknown key; expected one of {_allowed_keys(loc[:-1])}"
+        elif not isinstance(e.get("input"), (dict, list)):
+            given = f" (given: {e['input']!r})"
+        line = f"{where}{':' + place if place else ''}: {dotted(loc)}: {msg}{given}"
+        if line not in out:
+            out.append(line)
+    return out
+
+
+# --------------------------------------------------------------------------------- overrides
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def parse_path(key: str) -> tuple:
+    """'stages[1].optim.lr' or 'stages.1.optim.lr' -> ('stages', 1, 'optim', 'lr')."""
+    parts: list = []
+    for name, index in _PART.findall(key):
+        parts.append(int(index) if index else (int(name) if name.isdigit() else name))
+    if not parts or "".join(str(p) for p in parts) == "":
+        raise ForgeError(f"override {key!r}: empty key")
+    return tuple(parts)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> tuple[dict, dict[tuple, str]]:
+    data = copy.deepcopy(raw)
+    origins: dict[tuple, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ForgeError(f"override {item!r}: expected dotted.key=value, e.g. stages[0].optim.lr=1e-4")
+        key, value = item.split("=", 1)
+        path = parse_path(key.strip())
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ForgeError(f"override {item!r}: value is not valid YAML: {e}") from None
+        node = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(part, int):
+                if not isinstance(node, list) or part >= len(node):
+                    raise ForgeError(f"override {item!r}: {dotted(path[:depth + 1])} does not exist")
+                node = node[part]
+            else:
+                if not isinstance(node, dict):
+                    raise ForgeError(f"override {item!r}: {dotted(path[:depth])} is not a mapping")
+                node = node.setdefault(part, {})
+        last = path[-1]
+        if isinstance(last, int):
+            if not isinstance(node, list) or last >= len(node):
+                raise ForgeError(f"override {item!r}: {dotted(path)} does not exist")
+        elif not isinstance(node, dict):
+            raise ForgeError(f"override {item!r}: {dotted(path[:-1])} is not a mapping")
+        node[last] = parsed
+        origins[path] = item
+    return data, origins
+
+
+# ------------------------------------------------------------------------------------ loading
+def _check_files(recipe: Recipe, root: Path, lines: dict, where: str) -> list[str]:
+    problems = []
+
+    def at(path: tuple) -> str:
+        return f"{where}:line {lines[path]}" if path in lines else where
+
+    if isinstance(recipe.base, str) and not recipe.base.startswith("catalog://"):
+        base = Path(recipe.base)
+        if not (base / "config.json").is_file():
+            problems.append(
+                f"{at(('base',))}: base: {recipe.base!r} is not a Hugging Face checkpoint folder "
+                "(expected a directory holding config.json)"
+            )
+    elif isinstance(recipe.base, str):
+        problems.append(
+            f"{at(('base',))}: base: catalog references ({recipe.base!r}) are not available yet; "
+            "give a local checkpoint folder or base.scratch"
+        )
+    for name, src in recipe.data.items():
+        if src.path is None:
+            continue
+        if not (Path(src.path).exists() or glob.glob(src.path)):
+            problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: no file, folder or glob match for {src.path!r}")
+    return problems
+
+
+def _resolve_paths(raw: dict, root: Path) -> dict:
+    """Paths in a recipe are relative to the recipe file (so recipes run from any directory)."""
+
+    def fix(p: str) -> str:
+        if "://" in p or os.path.isabs(p):
+            return p
+        return str((root / os.path.expanduser(p)).resolve()) if not p.startswith("~") else os.path.expanduser(p)
+
+    out = copy.deepcopy(raw)
+    if isinstance(out.get("base"), str):
+        out["base"] = fix(out["base"])
+    if isinstance(out.get("output"), str):
+        out["output"] = fix(out["output"])
+    for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
+        if isinstance(src, dict) and isinstance(src.get("path"), str):
+            src["path"] = fix(src["path"])
+    return out
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> Recipe:
+    """Load, override and validate a recipe; raise ForgeError listing every problem found."""
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise ForgeError(f"{where}: recipe file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":line {mark.line + 1}" if mark else ""
+        raise ForgeError(f"{where}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(raw, dict):
+        raise ForgeError(f"{where}: a recipe must be a YAML mapping (name, base, data, stages, output)")
+    lines = _line_index(text)
+    raw, origins = apply_overrides(raw, overrides or [])
+    raw = _resolve_paths(raw, path.parent.resolve())
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise ForgeError("\n".join(_format_errors(e, where, lines, origins))) from None
+    problems = _check_files(recipe, path.parent, lines, where)
+    if problems:
+        raise ForgeError("\n".join(problems))
+    return recipe
+
+
+def resolved_yaml(recipe: Recipe) -> str:
+    """The recipe as it will run (defaults filled, overrides applied, paths absolute)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

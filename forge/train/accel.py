@@ -1,0 +1,24 @@
+"""One `accelerate.Accelerator` per stage.
+
+accelerate keeps its settings in process-wide singletons and refuses a second Accelerator with
+another precision; stages of one pipeline may differ (fp32 then bf16), so each stage clears the
+per-run state first. The process group (PartialState) is kept: it belongs to the launch, not the stage.
+"""
+from __future__ import annotations
+
+import torch
+
+from forge.errors import ForgeError
+
+_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+def new_accelerator(precision: str, where: str):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    if precision == "fp16" and not torch.cuda.is_available():
+        raise ForgeError(f"{where}: precision fp16 needs a GPU; use bf16 or fp32 on CPU")
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    return Accelerator(mixed_precision=_MIXED[precision])

@@ -1,0 +1,79 @@
+"""The Novella pipeline: base -> stage -> stage -> ... -> Novella folder, registered in MLflow.
+
+Runs the recipe's stages in order, each stage's output checkpoint feeding the next, inside one
+parent MLflow run with a nested child run per stage, and writes the final model with its lineage.
+
+    forge run recipes/quickstart.yaml
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from forge.data.sources import Source, resolve_source
+from forge.lineage import new_lineage, source_record, write_novella
+from forge.recipe import Recipe, resolved_yaml
+from forge.scratch import build_scratch_base
+from forge.stages import runner
+from forge.track import Tracker
+
+
+def prepare_base(recipe: Recipe, sources: dict[str, Source], out: Path) -> Path:
+    if isinstance(recipe.base, str):
+        return Path(recipe.base)
+    scratch = recipe.base.scratch
+    return build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / "base")
+
+
+def run(recipe: Recipe, tracker: Tracker, log=print) -> dict:
+    """Run the whole recipe; return a summary (novella path, registered version, metrics)."""
+    out = Path(recipe.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
+    summary: dict = {"output": str(out)}
+    with tracker.run(recipe.name, tags={"forge.pipeline": "novella", "forge.recipe": recipe.name}) as run_id:
+        summary["run_id"] = run_id
+        tracker.log_text(resolved_yaml(recipe), "recipe.resolved.yaml")
+        tracker.log_params({"recipe": recipe.name, "base": str(recipe.base), "stages": len(recipe.stages),
+                            "stage_kinds": ",".join(s.kind for s in recipe.stages)})
+        sources = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+        fingerprints = {name: src.fingerprint() for name, src in sources.items()}
+        checkpoint = prepare_base(recipe, sources, out)
+        lineage = new_lineage(recipe, checkpoint)
+        used = {n for s in recipe.stages for n in s.mixture}
+        lineage["data"] = {n: source_record(sources[n], fingerprints[n]) | {"tokens": 0}
+                           for n in sorted(used)}
+
+        for i, stage in enumerate(recipe.stages):
+            log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
+            with tracker.run(stage.name, tags={"forge.stage": stage.kind, "forge.stage_index": str(i)}):
+                tracker.log_params(stage.model_dump(mode="json"))
+                tracker.log_params({"input_checkpoint": str(checkpoint)})
+                for name in stage.mixture:
+                    tracker.log_dataset(name, str(sources[name].files[0].parent if len(sources[name].files) > 1
+                                                  else sources[name].files[0]), fingerprints[name],
+                                        tags={"weight": str(stage.mixture[name])})
+                result = runner(stage.kind)(stage, checkpoint, sources, out / "stages" / stage.name, tracker)
+                tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+            lineage["stages"].append({
+                "name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
+                "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
+                "steps": result.steps, "tokens_by_source": result.tokens_by_source,
+                "repeats": result.repeats, "metrics": result.metrics,
+            })
+            for name, n in result.tokens_by_source.items():
+                lineage["data"][name]["tokens"] += n
+            log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+            checkpoint = result.checkpoint
+
+        lineage["metrics"] = lineage["stages"][-1]["metrics"]
+        novella = write_novella(checkpoint, out / "novella", lineage)
+        summary["novella"] = str(novella)
+        tracker.log_dict(lineage, "lineage.json")
+        tracker.log_metrics({f"novella.{k}": v for k, v in lineage["metrics"].items()})
+        if recipe.tracking.register_model:
+            tags = {"forge.base": str(lineage["base"]["spec"]), "forge.stages": ",".join(s.name for s in recipe.stages),
+                    "forge.run_id": run_id or "", **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()}}
+            summary["version"] = tracker.register_model(novella, recipe.name, recipe.tracking.alias, tags)
+            summary["model_uri"] = f"models:/{recipe.name}@{recipe.tracking.alias}"
+    summary["metrics"] = lineage["metrics"]
+    return summary
