@@ -68,7 +68,9 @@ class Tracker:
         run = mlflow.start_run(run_name=name, nested=nested, tags=tags)
         try:
             yield run.info.run_id
+            mlflow.flush_async_logging()
         except BaseException as e:
+            mlflow.flush_async_logging()
             message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
             mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
             mlflow.end_run("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
@@ -93,7 +95,8 @@ class Tracker:
             return
         items = [(k, float(v)) for k, v in metrics.items()]
         for i in range(0, len(items), METRICS_PER_BATCH):
-            self._mlflow.log_metrics(dict(items[i:i + METRICS_PER_BATCH]), step=step, synchronous=True)
+            # asynchronous: a training step never waits on the store; flushed when the run ends
+            self._mlflow.log_metrics(dict(items[i:i + METRICS_PER_BATCH]), step=step, synchronous=False)
 
     # ------------------------------------------------------------------ data, artifacts
     def log_dataset(self, name: str, path: str, digest: str, context: str = "train",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, base_recipe, pretrain_stage, write_recipe
+from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 from forge.errors import ForgeError
 from forge.recipe import load_recipe, parse_path, resolved_yaml
 

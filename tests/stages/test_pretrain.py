@@ -6,7 +6,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from conftest import pretrain_stage
+from forge_testing import pretrain_stage
 from forge.errors import ForgeError
 from forge.recipe import PretrainStage
 from forge.stages import pretrain

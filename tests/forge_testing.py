@@ -1,0 +1,53 @@
+"""Helpers shared by the tests: recipe builders and the path to ../shared/data."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("FORGE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared/data, or skip the test saying why."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared/data is not beside this checkout; set FORGE_SHARED_DATA)")
+    return path
+
+
+def tiny_scratch(tokenizer_sources=("general",), **kw) -> dict:
+    cfg = {"hidden_size": 32, "layers": 2, "heads": 4, "kv_heads": 2, "vocab_size": 384,
+           "max_position": 128, "tokenizer_sources": list(tokenizer_sources)}
+    cfg.update(kw)
+    return {"scratch": cfg}
+
+
+def pretrain_stage(name="cpt", mixture=None, **kw) -> dict:
+    stage = {"name": name, "kind": "pretrain", "mixture": mixture or {"general": 1.0}, "max_steps": 4,
+             "seq_len": 32, "batch_size": 4, "optim": {"lr": 3e-3}, "schedule": {"kind": "constant"},
+             "eval": {"max_blocks": 8}}
+    stage.update(kw)
+    return stage
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def base_recipe(tmp: Path, **kw) -> dict:
+    """A complete, valid recipe on generated data and a scratch base, writing under `tmp`."""
+    recipe = {
+        "name": "tiny",
+        "base": tiny_scratch(),
+        "data": {"general": {"generate": {"kind": "stories", "documents": 300, "seed": 0}},
+                 "domain": {"generate": {"kind": "facts", "documents": 300, "seed": 1}, "proprietary": True}},
+        "stages": [pretrain_stage()],
+        "output": str(tmp / "out"),
+    }
+    recipe.update(kw)
+    return recipe

@@ -1,0 +1,109 @@
+"""Whole recipes on tiny models: chaining, lineage, MLflow runs/metrics/registry, failure handling."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from forge_testing import base_recipe, pretrain_stage, write_recipe
+from forge import cli
+from forge.recipe import load_recipe
+
+
+def _client(recipe):
+    mlflow.set_tracking_uri(recipe.tracking_uri)
+    return mlflow.MlflowClient()
+
+
+def _runs(recipe):
+    client = _client(recipe)
+    exp = client.get_experiment_by_name(recipe.experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
+
+
+@pytest.fixture(scope="module")
+def two_stage(tmp_path_factory):
+    """A two-stage recipe run once through the CLI: general pretraining, then a 70/30 domain mix."""
+    tmp = tmp_path_factory.mktemp("novella")
+    recipe = base_recipe(tmp, stages=[
+        pretrain_stage("general", max_steps=6, eval={"every": 3, "max_blocks": 4}),
+        pretrain_stage("domain", mixture={"domain": 0.7, "general": 0.3}, max_steps=6, precision="bf16"),
+    ], tracking={"alias": "champion"})
+    path = write_recipe(tmp / "two.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 0
+    return load_recipe(path)
+
+
+def test_stages_chain_and_novella_has_lineage(two_stage):
+    out = two_stage.output
+    lineage = json.loads(open(f"{out}/novella/lineage.json").read())
+    first, second = lineage["stages"]
+    assert second["input_checkpoint"] == first["output_checkpoint"] == f"{out}/stages/general/final"
+    assert first["input_checkpoint"] == lineage["base"]["checkpoint"] == f"{out}/base"
+    assert second["settings"]["mixture"] == {"domain": 0.7, "general": 0.3}
+    assert len(lineage["data"]["domain"]["sha256"]) == 64
+    assert lineage["data"]["general"]["tokens"] == 6 * 128 + second["tokens_by_source"]["general"]
+    assert lineage["metrics"]["eval_loss"] == second["metrics"]["eval_loss"]
+    names = {p.name for p in (__import__("pathlib").Path(out) / "novella").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "lineage.json"} <= names
+    assert "max_steps: 6" in open(f"{out}/recipe.resolved.yaml").read()
+
+
+def test_mlflow_holds_parent_children_metrics_and_datasets(two_stage):
+    client, parents, children = _runs(two_stage)
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    by_name = {c.info.run_name: c for c in children}
+    general, domain = by_name["general"], by_name["domain"]
+    assert general.data.params["optim.lr"] == "0.003" and domain.data.params["precision"] == "bf16"
+    assert len(client.get_metric_history(general.info.run_id, "loss")) == 6
+    assert [m.step for m in client.get_metric_history(general.info.run_id, "eval_loss")] == [0, 3, 6]
+    assert client.get_metric_history(domain.info.run_id, "tokens.domain")[-1].value > 0
+    assert {d.dataset.name for d in domain.inputs.dataset_inputs} == {"domain", "general"}
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"lineage.json", "recipe.resolved.yaml"} <= artifacts
+
+
+def test_registered_model_with_alias_generates(two_stage):
+    client = _client(two_stage)
+    version = client.get_model_version_by_alias("tiny", "champion")
+    assert version.tags["forge.stages"] == "general,domain"
+    generate = mlflow.transformers.load_model("models:/tiny@champion")
+    text = generate("Once upon a time", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+
+
+def test_failing_stage_marks_child_and_parent_failed(tmp_path, monkeypatch, capsys):
+    import forge.stages.pretrain as pretrain
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(pretrain, "run", explode)
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path))
+    assert cli.main(["run", str(path)]) == 1
+    assert "disk on fire" in capsys.readouterr().err
+    _, parents, children = _runs(load_recipe(path))
+    for run in parents + children:
+        assert run.info.status == "FAILED"
+        assert "disk on fire" in run.data.tags["error"]
+    assert not (tmp_path / "out" / "novella").exists()
+
+
+def test_validate_and_help(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "validate" in out and "run" in out
+    good = write_recipe(tmp_path / "good.yaml", base_recipe(tmp_path))
+    assert cli.main(["validate", str(good)]) == 0
+    bad = write_recipe(tmp_path / "bad.yaml", base_recipe(tmp_path, stages=[pretrain_stage(batch_size=-1)]))
+    assert cli.main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "stages[0].batch_size" in err and "Traceback" not in err
