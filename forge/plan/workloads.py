@@ -1,0 +1,123 @@
+"""What each stage kind asks of the hardware, reduced to one shape the planner understands.
+
+A Workload is a training loop (sequences of seq_len, global_batch per step, `steps` steps) plus
+extra work: forward passes of frozen models (DPO reference, RL reference/reward), a one-off
+pre-pass (cached DPO reference log-probs), and per-step generation (RL rollouts).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from forge.errors import ForgeError
+
+STAGE_KINDS = ("pretrain", "midtrain", "sft", "dpo", "rft")
+KIND_ALIASES = {"mid-train": "midtrain", "cpt": "pretrain", "continued-pretraining": "pretrain",
+                "grpo": "rft", "rl": "rft"}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """RL rollouts per step: prompts x group completions of gen_len tokens after prompt_len."""
+
+    prompts: int
+    group: int
+    prompt_len: int
+    gen_len: int
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.group
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: str
+    name: str
+    seq_len: int
+    global_batch: int             # sequences per optimizer step
+    steps: int
+    tokens_trained: float         # tokens the stage is about (loss tokens for pretraining)
+    tokens_processed: float       # tokens through the trained model, padding included
+    precision: str = "bf16"
+    frozen_forwards: float = 0.0  # forward passes of frozen models per trained sequence
+    frozen_copies: int = 0        # frozen models resident in memory while training
+    pre_pass_sequences: float = 0.0  # sequences run forward once before training (cached ref)
+    generation: Generation | None = None
+    notes: tuple[str, ...] = ()
+
+
+def normalize_kind(kind: str) -> str:
+    k = KIND_ALIASES.get(kind.lower(), kind.lower())
+    if k not in STAGE_KINDS:
+        raise ForgeError(f"unknown stage kind {kind!r}; the planner knows {', '.join(STAGE_KINDS)}")
+    return k
+
+
+def _steps(tokens: float | None, steps: int | None, tokens_per_step: float, what: str) -> int:
+    if steps:
+        return int(steps)
+    if tokens:
+        return max(1, math.ceil(tokens / tokens_per_step))
+    raise ForgeError(f"{what}: give max_tokens or max_steps so the planner knows how long it runs")
+
+
+def pretrain(name: str, seq_len: int, global_batch: int, tokens: float | None = None,
+             steps: int | None = None, precision: str = "bf16", kind: str = "pretrain") -> Workload:
+    """Pretraining / continued pretraining / mid-training: every token is trained (packed)."""
+    n = _steps(tokens, steps, global_batch * seq_len, f"stage {name!r}")
+    processed = n * global_batch * seq_len
+    return Workload(kind, name, seq_len, global_batch, n, tokens or processed, processed, precision)
+
+
+def sft(name: str, seq_len: int, global_batch: int, tokens: float | None = None, steps: int | None = None,
+        precision: str = "bf16", packed: bool = True, mean_example_len: float | None = None) -> Workload:
+    """SFT. `tokens` are real (unpadded) tokens; unpacked examples are padded to seq_len, so the
+    model processes tokens * seq_len / mean_example_len of them."""
+    notes: tuple[str, ...] = ()
+    if tokens and not packed:
+        mean = mean_example_len or seq_len / 2
+        if not mean_example_len:
+            notes = (f"unpacked SFT: assumed mean example length {mean:.0f} (seq_len/2); padding included",)
+        processed = tokens * seq_len / min(mean, seq_len)
+        n = _steps(processed, steps, global_batch * seq_len, f"stage {name!r}")
+    else:
+        n = _steps(tokens, steps, global_batch * seq_len, f"stage {name!r}")
+        processed = n * global_batch * seq_len
+        tokens = tokens or processed
+    return Workload("sft", name, seq_len, global_batch, n, tokens, n * global_batch * seq_len, precision, notes=notes)
+
+
+def dpo(name: str, seq_len: int, pairs_per_step: int, pairs: float | None = None, steps: int | None = None,
+        precision: str = "bf16", cached_reference: bool = True, epochs: int = 1) -> Workload:
+    """DPO (Rafailov et al. 2023): the policy runs forward+backward on chosen and rejected; the
+    frozen reference runs forward on both, every step, or once up front when its log-probs are
+    cached (then it need not stay in memory)."""
+    batch = 2 * pairs_per_step
+    total_pairs = pairs * epochs if pairs else None
+    n = _steps(total_pairs, steps, pairs_per_step, f"stage {name!r}")
+    processed = n * batch * seq_len
+    unique_seqs = 2 * (pairs if pairs else n * pairs_per_step / max(epochs, 1))
+    return Workload(
+        "dpo", name, seq_len, batch, n, processed, processed, precision,
+        frozen_forwards=0.0 if cached_reference else 1.0, frozen_copies=0 if cached_reference else 1,
+        pre_pass_sequences=unique_seqs if cached_reference else 0.0,
+    )
+
+
+def rft(name: str, prompt_len: int, gen_len: int, prompts_per_step: int, group: int, steps: int,
+        precision: str = "bf16", reward_model: bool = False) -> Workload:
+    """GRPO-style RL fine-tuning (Shao et al. 2024): each step generates `group` completions per
+    prompt, scores them with the frozen reference (for the KL term) and the reward (a reward model
+    costs one more forward; reward functions cost nothing here), then updates the policy once on
+    the prompt+completion sequences."""
+    gen = Generation(prompts_per_step, group, prompt_len, gen_len)
+    seq = prompt_len + gen_len
+    frozen = 1 + (1 if reward_model else 0)
+    return Workload(
+        "rft", name, seq, gen.sequences, steps, steps * gen.sequences * gen_len,
+        steps * gen.sequences * seq, precision, frozen_forwards=float(frozen), frozen_copies=frozen,
+        generation=gen,
+        notes=("rollouts run on the same chips as training, with training states offloaded meanwhile; "
+               "decode modelled as HBM-bandwidth bound",),
+    )
