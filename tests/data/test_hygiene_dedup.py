@@ -1,0 +1,156 @@
+"""Exact and near-duplicate removal (within and across sources), decontamination, resume."""
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+from forge.data.dedup import CompactIndex, MinHashLSH, WordHasher, lsh_params, shingles, words
+from forge.data.hygiene import Hygiene, HygieneConfig
+from forge.errors import ForgeError
+
+_VOCAB = [f"w{i}" for i in range(3000)]
+
+
+def doc(seed: int, n: int = 120) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(n))
+
+
+def edit(text: str, n_changes: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    toks = text.split()
+    for i in rng.sample(range(len(toks)), n_changes):
+        toks[i] = "edited"
+    return " ".join(toks)
+
+
+def run(h: Hygiene, source: str, texts: list[str]) -> list[int]:
+    return [n for n, _ in h.process(source, enumerate(texts, 1))]
+
+
+def test_exact_duplicates_within_a_source():
+    h = Hygiene(HygieneConfig(dedup="exact", pii="off"))
+    kept = run(h, "a", ["one two three", "one  two\tthree ", "One two three", "four", "one two three"])
+    assert kept == [1, 3, 4]  # whitespace-only changes are exact copies; case is not
+    assert h.stats.exact_dups == 2 and h.stats.near_dups == 0 and h.stats.records_out == 3
+
+
+def test_near_duplicate_removed_unrelated_kept():
+    base = doc(1)
+    light = edit(base, 1, seed=1) + " (updated)"  # Jaccard of 5-word shingles 0.91
+    texts = [base, light, doc(2), edit(base, 14, seed=2)]  # the last one: Jaccard 0.39
+    h = Hygiene(HygieneConfig(pii="off"))
+    assert run(h, "a", texts) == [1, 3, 4]  # the light edit goes; a heavy edit and a new text stay
+    assert h.stats.near_dups == 1 and h.stats.exact_dups == 0
+    # exact-only mode keeps the lightly edited copy
+    h = Hygiene(HygieneConfig(dedup="exact", pii="off"))
+    assert run(h, "a", texts) == [1, 2, 3, 4]
+    h = Hygiene(HygieneConfig(dedup="off", pii="off"))
+    assert run(h, "a", texts + [base]) == [1, 2, 3, 4, 5]
+
+
+def test_threshold_is_configurable():
+    base = doc(3, 200)
+    copy = edit(base, 12, seed=3)  # Jaccard of 5-word shingles 0.59
+    assert run(Hygiene(HygieneConfig(pii="off", near_threshold=0.95)), "a", [base, copy]) == [1, 2]
+    assert run(Hygiene(HygieneConfig(pii="off", near_threshold=0.4)), "a", [base, copy]) == [1]
+
+
+def test_duplicates_across_sources_counted_per_source():
+    base, other = doc(4), doc(5)
+    h = Hygiene(HygieneConfig(pii="off"))
+    assert run(h, "wiki", [base, other]) == [1, 2]
+    assert run(h, "crm", [doc(6), base, edit(other, 1)]) == [1]
+    s = h.stats.as_dict()
+    assert s["hygiene.exact_dups"] == 1 and s["hygiene.near_dups"] == 1
+    assert s["hygiene.source.crm.exact_dups"] == 1 and s["hygiene.source.crm.near_dups"] == 1
+    assert s["hygiene.source.wiki.dropped"] == 0 and s["hygiene.source.crm.records_out"] == 1
+
+
+def test_minhash_estimates_jaccard():
+    lsh, wh, errors = MinHashLSH(0.8, 128), WordHasher(), []
+    for seed in range(40):
+        a = doc(100 + seed, 150)
+        b = edit(a, seed % 25, seed=seed)
+        sa, sb = shingles(wh(words(a)), 5), shingles(wh(words(b)), 5)
+        true = len(set(sa.tolist()) & set(sb.tolist())) / len(set(sa.tolist()) | set(sb.tolist()))
+        errors.append((lsh.signature(sa) == lsh.signature(sb)).mean() - true)
+    errors = np.abs(errors)
+    assert errors.max() < 0.15 and errors.mean() < 0.05  # std of the estimate is ~sqrt(J(1-J)/128)
+
+
+def test_lsh_bands_put_the_s_curve_at_the_threshold():
+    b, r = lsh_params(0.8, 128)
+    assert (b, r) == (14, 9)
+    p = lambda s: 1 - (1 - s**r) ** b  # noqa: E731
+    # recall-leaning: candidates are verified, so near-threshold pairs should become candidates
+    assert p(0.85) > 0.95 and p(0.8) > 0.8 and p(0.4) < 0.01
+
+
+def test_compact_index_survives_merges():
+    idx = CompactIndex()
+    keys = np.random.default_rng(0).integers(0, 2**64 - 1, size=70_000, dtype=np.uint64)
+    for i in range(0, len(keys), 1000):
+        idx.insert(keys[i:i + 1000], i)
+    assert len(idx) == 70_000 and len(idx._buf) < 70_000  # a merge into sorted arrays happened
+    assert idx.lookup(keys[[0, 999, 1000, 69_999]]).tolist() == [0, 0, 1000, 69_000]
+    assert idx.lookup(np.array([12345], dtype=np.uint64)).tolist() == [-1]
+
+
+# ------------------------------------------------------------------ decontamination
+
+EVAL = ("Which treatment is recommended first for adult acute lymphoblastic leukemia in patients "
+        "older than sixty years with no prior chemotherapy exposure")
+
+
+def test_decontamination_drops_13_gram_overlaps():
+    words13 = EVAL.split()[3:16]
+    texts = [
+        "Background. " + " ".join(words13).upper() + "! and more words follow here",  # case/punct differ
+        "Unrelated text about " + " ".join(words13[:12]) + " only twelve words shared",
+        "Nothing in common at all with the evaluation questions whatsoever today",
+    ]
+    h = Hygiene(HygieneConfig(pii="off"), eval_texts=[EVAL])
+    assert run(h, "a", texts) == [2, 3]
+    assert h.stats.contaminated == 1 and h.stats.as_dict()["hygiene.contaminated"] == 1
+    assert h.eval_ngrams == len(EVAL.split()) - 13 + 1
+
+    h5 = Hygiene(HygieneConfig(pii="off", decontam_ngram=5), eval_texts=[EVAL])
+    assert run(h5, "a", texts) == [3]
+    off = Hygiene(HygieneConfig(pii="off", decontam_ngram=0), eval_texts=[EVAL])
+    assert run(off, "a", texts) == [1, 2, 3]
+
+
+def test_short_eval_texts_match_whole():
+    short = "what are the side effects of proton therapy"  # 8 words < 13
+    h = Hygiene(HygieneConfig(pii="off"), eval_texts=[short, "yes", "no"])
+    kept = run(h, "a", ["Q: What are the side effects of proton therapy? A: fatigue",
+                        "what are the side effects of chemotherapy", "yes no yes"])
+    assert kept == [2, 3] and h.stats.contaminated == 1
+
+
+# ------------------------------------------------------------------ resume
+
+def test_state_dict_resume_matches_an_uninterrupted_run():
+    base = [doc(i, 60) for i in range(30)]
+    texts = base + [edit(t, 1, seed=i) for i, t in enumerate(base[:10])] + base[10:20] + [doc(99)]
+    random.Random(0).shuffle(texts)
+    cfg = HygieneConfig(pii="off")
+    whole = Hygiene(cfg)
+    expected = list(whole.process("a", enumerate(texts, 1)))
+
+    first = Hygiene(cfg)
+    got = list(first.process("a", enumerate(texts[:25], 1)))
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    assert all(isinstance(v, (int, str, bytes, dict)) for v in state.values())
+    resumed = Hygiene(cfg)
+    resumed.load_state_dict(state)
+    got += list(resumed.process("a", enumerate(texts[25:], 26)))
+    assert got == expected
+    assert resumed.stats.as_dict() == whole.stats.as_dict()
+
+    with pytest.raises(ForgeError, match="same hygiene settings"):
+        Hygiene(HygieneConfig(pii="off", near_threshold=0.7)).load_state_dict(state)
