@@ -1,4 +1,4 @@
-"""The `forge` command: validate and run recipes (plan, eval, export and deploy arrive later)."""
+"""The `forge` command: validate, plan and run recipes (eval, export and deploy arrive later)."""
 from __future__ import annotations
 
 import argparse
@@ -24,13 +24,21 @@ def _run(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     _quiet_libraries()
+    from forge.plan.recipe_plan import plan_recipe
+    from forge.plan.report import assert_plans_fit, format_table
+
+    plans = plan_recipe(recipe)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:
+        print(format_table(plans), end="")
+    for warning in assert_plans_fit(plans, force=args.force):
+        print(f"forge: warning: --force given, running anyway: {warning}", file=sys.stderr)
     try:
         pipeline = importlib.import_module(f"pipelines.{recipe.pipeline}")
     except ModuleNotFoundError:
         raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
-    rank0 = int(os.environ.get("RANK", "0")) == 0
     tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
-    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None))
+    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None), plans=plans)
     if rank0:
         print(f"novella: {summary['novella']}")
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {summary['run_id']})")
@@ -58,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("recipe", help="path to a recipe YAML")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. stages[0].optim.lr=1e-4")
         p.set_defaults(func=func)
+        if name == "run":
+            p.add_argument("--force", action="store_true", help="run stages the plan says cannot fit")
+    from forge.plan import command as plan_command
+
+    p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",
+                       description=plan_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan_command.add_arguments(p)
+    p.set_defaults(func=plan_command.run)
     return parser
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -146,6 +147,7 @@ class Tracker:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         os.environ["HF_HUB_OFFLINE"] = "1"  # MLflow looks up a model card on the hub; a local model has none
+        logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)  # ...and warns that it found none
         info = mlflow.transformers.log_model(
             {"model": model, "tokenizer": tokenizer}, name="novella", task="text-generation",
             registered_model_name=name, tags=tags, pip_requirements=_requirements(),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from forge.data.sources import Source, resolve_source
 from forge.lineage import new_lineage, source_record, write_novella
+from forge.plan.recipe_plan import plan_recipe, recipe_model_config
+from forge.plan.runlog import COMPARE_TARGETS, log_measured, log_stage_plan
 from forge.recipe import Recipe, resolved_yaml
 from forge.scratch import build_scratch_base
 from forge.stages import runner
@@ -24,8 +26,13 @@ def prepare_base(recipe: Recipe, sources: dict[str, Source], out: Path) -> Path:
     return build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / "base")
 
 
-def run(recipe: Recipe, tracker: Tracker, log=print) -> dict:
-    """Run the whole recipe; return a summary (novella path, registered version, metrics)."""
+def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
+    """Run the whole recipe; return a summary (novella path, registered version, metrics).
+
+    `plans`: the recipe's per-stage plans on its target (from `forge run`; made here if absent)."""
+    plans = plans if plans is not None else plan_recipe(recipe)
+    comparison = plan_recipe(recipe, target=COMPARE_TARGETS)
+    model_config = recipe_model_config(recipe)
     out = Path(recipe.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
@@ -48,12 +55,14 @@ def run(recipe: Recipe, tracker: Tracker, log=print) -> dict:
             with tracker.run(stage.name, tags={"forge.stage": stage.kind, "forge.stage_index": str(i)}):
                 tracker.log_params(stage.model_dump(mode="json"))
                 tracker.log_params({"input_checkpoint": str(checkpoint)})
+                log_stage_plan(tracker, plans[i], [p for p in comparison if p.stage == stage.name])
                 for name in stage.mixture:
                     tracker.log_dataset(name, str(sources[name].files[0].parent if len(sources[name].files) > 1
                                                   else sources[name].files[0]), fingerprints[name],
                                         tags={"weight": str(stage.mixture[name])})
                 result = runner(stage.kind)(stage, checkpoint, sources, out / "stages" / stage.name, tracker)
                 tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+                log_measured(tracker, model_config, stage, result.steps, result.metrics)
             lineage["stages"].append({
                 "name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
                 "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),

@@ -13,6 +13,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
+def _isolated_forge_home(tmp_path, monkeypatch):
+    """Calibration records and hardware overrides go to a temp folder, never the user's home."""
+    monkeypatch.setenv("FORGE_HARDWARE_FILE", str(tmp_path / "user-hardware.yaml"))
+    monkeypatch.setenv("FORGE_CALIBRATION_DIR", str(tmp_path / "calibration"))
+
+
+@pytest.fixture(autouse=True)
 def _isolated_mlflow():
     """Each test starts with no active MLflow run or experiment (as MLflow's own conftest does)."""
     import mlflow

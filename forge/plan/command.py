@@ -115,11 +115,8 @@ def run(args) -> int:
         plans = compare(config, _workload(args), targets, deadline_h=args.deadline, budget_usd=args.budget,
                         mfu=args.mfu, catalog=catalog)
     elif getattr(args, "recipe", None):
-        try:
-            from forge.recipe import load_recipe
-        except ImportError as exc:
-            raise ForgeError("planning a recipe needs forge.recipe; use --model to plan from a config") from exc
         from forge.plan.recipe_plan import plan_recipe
+        from forge.recipe import load_recipe
 
         plans = plan_recipe(load_recipe(args.recipe), target=args.target, chips=args.chips,
                             deadline_h=args.deadline, budget_usd=args.budget, mfu=args.mfu,
@@ -135,19 +132,3 @@ def run(args) -> int:
         if not args.json:
             print(f"chart: {path}")
     return 0 if all(p.feasible for p in plans) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (python -m forge.plan.command ...) until forge/cli.py registers `plan`."""
-    parser = argparse.ArgumentParser(prog="forge plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except ForgeError as exc:
-        print(f"error: {exc}")
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,6 +22,7 @@ from forge.recipe import PretrainStage
 from forge.track import Tracker
 from forge.train.accel import new_accelerator
 from forge.train.checkpoint import save_checkpoint
+from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler
 from forge.train.progress import progress
 
@@ -67,6 +68,7 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
 
     accelerator = new_accelerator(stage.precision, f"stage {stage.name}")
     set_seed(stage.seed)
+    memory = PeakMemory(accelerator.device)
     model, tokenizer = _load(input_ckpt)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and stage.seq_len > max_pos:
@@ -145,6 +147,8 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     metrics["tokens"] = total_steps * tokens_per_step
     metrics["tokens_per_s_mean"] = metrics["tokens"] / max(elapsed, 1e-9)
     metrics["train_seconds"] = elapsed
+    metrics["step_time_s"] = elapsed / total_steps
+    metrics["peak_mem_bytes"] = memory.peak_bytes()
     final = _save(accelerator, model, tokenizer, out_dir / "final", total_steps, mix)
     repeats = mix.repeats()
     if any(repeats.values()):

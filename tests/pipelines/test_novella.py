@@ -70,6 +70,27 @@ def test_mlflow_holds_parent_children_metrics_and_datasets(two_stage):
     assert {"lineage.json", "recipe.resolved.yaml"} <= artifacts
 
 
+def test_stage_runs_carry_plan_and_predicted_vs_measured(two_stage):
+    client, _, children = _runs(two_stage)
+    for child in children:
+        assert child.data.params["plan.target"] == "local" and child.data.params["plan.chips"] == "1"
+        assert child.data.metrics["plan.hours"] > 0 and "plan.cost_usd" in child.data.metrics
+        assert child.data.metrics["plan.measured.step_time_s"] > 0
+        assert child.data.metrics["plan.predicted.step_time_s"] > 0
+        files = {a.path for a in client.list_artifacts(child.info.run_id, "plan")}
+        assert {"plan/plan.json", "plan/plan.txt", "plan/plan_targets.png"} <= files
+
+
+def test_plan_that_cannot_fit_is_refused_before_any_work(tmp_path, capsys):
+    huge = {"scratch": {"hidden_size": 8192, "layers": 80, "heads": 64, "vocab_size": 128000,
+                        "max_position": 128, "tokenizer_sources": ["general"]}}
+    path = write_recipe(tmp_path / "huge.yaml", base_recipe(tmp_path, base=huge))
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "stage 'cpt' on local" in err and "--force" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_registered_model_with_alias_generates(two_stage):
     client = _client(two_stage)
     version = client.get_model_version_by_alias("tiny", "champion")

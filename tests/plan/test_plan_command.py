@@ -47,8 +47,10 @@ def test_bad_target_and_missing_inputs_are_forge_errors(capsys):
         _run(["--model", "llama-3.1-8b", "--tokens", "1B", "--target", "tpu-v9"])
     with pytest.raises(ForgeError, match="needs a recipe"):
         _run([])
-    assert command.main(["--model", "llama-3.1-8b", "--tokens", "1B", "--target", "tpu-v9"]) == 2
-    assert "error: unknown target" in capsys.readouterr().out
+    from forge import cli
+
+    assert cli.main(["plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--target", "tpu-v9"]) == 2
+    assert "unknown target" in capsys.readouterr().err
 
 
 def test_list_targets_and_calibrate(tmp_path, capsys):

@@ -1,0 +1,37 @@
+"""Peak memory of a training stage, for predicted-vs-measured logging."""
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+
+def _rss_bytes() -> int:
+    """Current resident set size (Linux /proc; falls back to the high-water mark elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return _max_rss_bytes()
+
+
+def _max_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+class PeakMemory:
+    """On a GPU: torch's allocator peak. On CPU: growth of the process's peak RSS over the stage
+    (an upper bound on what training allocated; libraries loaded before the stage do not count)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device, self.start = device, _rss_bytes()
+
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return max(0, _max_rss_bytes() - self.start)
