@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from forge.errors import ForgeError
 
@@ -180,7 +180,14 @@ class Tracking(Strict):
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite inside the output folder")
     experiment: str | None = None
     register_model: bool = True
-    alias: str = Field("latest", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+    @field_validator("alias")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v.lower() == "latest":
+            raise ValueError("'latest' is reserved by the MLflow registry; choose another alias, e.g. candidate")
+        return v
 
 
 class Compute(Strict):

@@ -17,6 +17,7 @@ from forge.recipe import Recipe, resolved_yaml
 from forge.scratch import build_scratch_base
 from forge.stages import runner
 from forge.track import Tracker
+from forge.train.accel import process_state
 
 
 def prepare_base(recipe: Recipe, sources: dict[str, Source], out: Path) -> Path:
@@ -33,18 +34,21 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
     plans = plans if plans is not None else plan_recipe(recipe)
     comparison = plan_recipe(recipe, target=COMPARE_TARGETS)
     model_config = recipe_model_config(recipe)
+    state = process_state()
     out = Path(recipe.output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
+    if state.is_main_process:
+        (out / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
     summary: dict = {"output": str(out)}
     with tracker.run(recipe.name, tags={"forge.pipeline": "novella", "forge.recipe": recipe.name}) as run_id:
         summary["run_id"] = run_id
         tracker.log_text(resolved_yaml(recipe), "recipe.resolved.yaml")
         tracker.log_params({"recipe": recipe.name, "base": str(recipe.base), "stages": len(recipe.stages),
                             "stage_kinds": ",".join(s.kind for s in recipe.stages)})
-        sources = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+        with state.main_process_first():  # rank 0 writes generated data and the base; the rest reuse them
+            sources = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+            checkpoint = prepare_base(recipe, sources, out)
         fingerprints = {name: src.fingerprint() for name, src in sources.items()}
-        checkpoint = prepare_base(recipe, sources, out)
         lineage = new_lineage(recipe, checkpoint)
         used = {n for s in recipe.stages for n in s.mixture}
         lineage["data"] = {n: source_record(sources[n], fingerprints[n]) | {"tokens": 0}
@@ -75,7 +79,10 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
             checkpoint = result.checkpoint
 
         lineage["metrics"] = lineage["stages"][-1]["metrics"]
-        novella = write_novella(checkpoint, out / "novella", lineage)
+        novella = out / "novella"
+        if state.is_main_process:
+            write_novella(checkpoint, novella, lineage)
+        state.wait_for_everyone()
         summary["novella"] = str(novella)
         tracker.log_dict(lineage, "lineage.json")
         tracker.log_metrics({f"novella.{k}": v for k, v in lineage["metrics"].items()})

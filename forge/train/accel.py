@@ -6,6 +6,8 @@ per-run state first. The process group (PartialState) is kept: it belongs to the
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from forge.errors import ForgeError
@@ -21,4 +23,17 @@ def new_accelerator(precision: str, where: str):
         raise ForgeError(f"{where}: precision fp16 needs a GPU; use bf16 or fp32 on CPU")
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
-    return Accelerator(mixed_precision=_MIXED[precision])
+    return Accelerator(mixed_precision=_MIXED[precision], cpu=_multi_cpu())
+
+
+def _multi_cpu() -> bool:
+    """Several CPU processes (torchrun / accelerate launch without GPUs): accelerate forms a gloo
+    process group only when told it is on CPU."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
+def process_state():
+    """This process's place in the launch (rank, world size, barriers), for pipeline-level work."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=_multi_cpu())
