@@ -12,9 +12,14 @@ from forge.data.sources import Source
 from forge.recipe import Recipe
 
 
-def source_record(src: Source, fingerprint: str) -> dict:
-    return {"files": [str(p) for p in src.files], "format": src.format, "text_fields": list(src.text_fields),
-            "proprietary": src.proprietary, "bytes": src.size_bytes, "sha256": fingerprint}
+def source_record(src: Source, fingerprint: str, used: Source) -> dict:
+    """A data source as read (`src`) and as trained on (`used`: the hygiene cache, if cleaned)."""
+    record = {"location": src.location, "files": [str(p) for p in src.files], "format": src.format,
+              "text_fields": list(src.text_fields), "proprietary": src.proprietary, "bytes": src.size_bytes,
+              "sha256": fingerprint, "tokens": 0, "skipped_records": 0}
+    if used is not src:
+        record["cleaned"] = {"file": str(used.files[0]), "sha256": used.fingerprint()}
+    return record
 
 
 def new_lineage(recipe: Recipe, base_checkpoint: Path) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from forge.errors import ForgeError
 
@@ -33,9 +33,12 @@ class GeneratedText(Strict):
 
 
 class DataSource(Strict):
-    """A named source: local files (a path, glob or folder), a saved `datasets` folder, or generated text."""
+    """A named source: local files (a path, glob or folder), a saved `datasets` folder, a hub
+    dataset (online only), or generated text."""
 
     path: str | None = None
+    hub: str | None = Field(None, description="a Hugging Face hub dataset id, read streaming (needs network)")
+    hub_split: str = "train"
     generate: GeneratedText | None = None
     format: Literal["auto", "text", "jsonl", "json", "parquet", "csv", "arrow"] = "auto"
     text_field: str | list[str] = Field("text", description="field(s) holding text; a list is joined by newlines")
@@ -43,12 +46,30 @@ class DataSource(Strict):
         "paragraph", description="how a plain-text file is cut into documents"
     )
     proprietary: bool = False
+    hygiene: bool | None = Field(None, description="run the recipe's hygiene on this source; default: if proprietary")
+    on_error: Literal["fail", "skip"] = Field("fail", description="a bad record stops the run, or is skipped and counted")
+    max_errors: int = Field(100, ge=0, description="with on_error: skip, more bad records than this still fail")
 
     @model_validator(mode="after")
     def _one_origin(self) -> "DataSource":
-        if (self.path is None) == (self.generate is None):
-            raise ValueError("give exactly one of 'path' or 'generate'")
+        if sum(x is not None for x in (self.path, self.hub, self.generate)) != 1:
+            raise ValueError("give exactly one of 'path', 'hub' or 'generate'")
         return self
+
+    @property
+    def cleaned(self) -> bool:
+        return self.proprietary if self.hygiene is None else self.hygiene
+
+
+class HygieneSettings(Strict):
+    """Secrets/PII, deduplication and decontamination for sources with hygiene on (see forge.data.hygiene)."""
+
+    pii: Literal["redact", "drop", "fail", "off"] = "redact"
+    pii_types: list[str] | None = None
+    dedup: Literal["exact", "near", "off"] = "near"
+    near_threshold: float = Field(0.8, gt=0, le=1)
+    decontaminate_against: list[str] = Field(default_factory=list, description="sources that are evaluation sets")
+    ngram: int = Field(13, ge=0, le=64, description="n-gram length for decontamination; 0 = off")
 
 
 # -------------------------------------------------------------------------------------- stages
@@ -83,12 +104,43 @@ class CheckpointSettings(Strict):
     every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
 
 
+class NovaMixture(Strict):
+    """Nova-style mixture: percentages of customer data plus curated categories, adding to 100."""
+
+    customer: dict[str, float] = Field(min_length=1)
+    curated: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _hundred(self) -> "NovaMixture":
+        total = sum(self.customer.values()) + sum(self.curated.values())
+        if abs(total - 100.0) > 1e-6:
+            raise ValueError(f"customer and curated percentages must add to 100, they add to {total:g}")
+        return self
+
+    def weights(self) -> dict[str, float]:
+        return {**self.customer, **self.curated}
+
+
+def _mixture_kind(value: Any) -> str:
+    is_nova = isinstance(value, (dict, NovaMixture)) and ("customer" in value if isinstance(value, dict) else True)
+    return "nova" if is_nova else "weights"
+
+
+Mixture = Annotated[
+    Union[Annotated[dict[str, float], Tag("weights")], Annotated[NovaMixture, Tag("nova")]],
+    Discriminator(_mixture_kind),
+]
+
+
 class PretrainStage(Strict):
     """Continued pretraining / mid-training: causal-LM loss over packed token blocks."""
 
     kind: Literal["pretrain"]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    mixture: dict[str, float] = Field(min_length=1)
+    mixture: Mixture = Field(description="{source: weight} or {customer: {...}, curated: {...}} in percent")
+    max_repeats: int | None = Field(None, ge=0, description="times a source may start over; None = no limit")
+    on_exhausted: Literal["fail", "rebalance"] = Field(
+        "fail", description="past max_repeats: stop, or share its weight among the other sources")
     max_tokens: int | None = Field(None, gt=0)
     max_steps: int | None = Field(None, gt=0)
     seq_len: int = Field(256, ge=8, le=1_048_576)
@@ -107,7 +159,9 @@ class PretrainStage(Strict):
     def _budget(self) -> "PretrainStage":
         if (self.max_tokens is None) == (self.max_steps is None):
             raise ValueError("give exactly one of 'max_tokens' or 'max_steps'")
-        bad = {k: v for k, v in self.mixture.items() if not v > 0}
+        bad = {k: v for k, v in self.weights.items() if not v > 0}
+        if not self.weights:
+            raise ValueError("mixture: give at least one source")
         if bad:
             raise ValueError(f"mixture weights must be > 0, got {bad}")
         if self.schedule.warmup_steps and self.max_steps and self.schedule.warmup_steps >= self.max_steps:
@@ -115,6 +169,11 @@ class PretrainStage(Strict):
                 f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below max_steps ({self.max_steps})"
             )
         return self
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The mixture as {source: weight} (percentages are weights too)."""
+        return self.mixture.weights() if isinstance(self.mixture, NovaMixture) else dict(self.mixture)
 
     @property
     def tokens_per_step(self) -> int:
@@ -201,6 +260,7 @@ class Recipe(Strict):
     base: str | Base
     data: dict[str, DataSource] = Field(min_length=1)
     stages: list[Stage] = Field(min_length=1)
+    hygiene: HygieneSettings = HygieneSettings()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
     output: str
@@ -209,11 +269,16 @@ class Recipe(Strict):
     def _cross_refs(self) -> "Recipe":
         problems = []
         for i, stage in enumerate(self.stages):
-            for src in stage.mixture:
+            nova = isinstance(stage.mixture, NovaMixture)
+            for src in stage.weights:
                 if src not in self.data:
+                    group = ("customer." if src in stage.mixture.customer else "curated.") if nova else ""
                     problems.append(
-                        f"stages[{i}].mixture.{src}: unknown data source; known: {sorted(self.data)}"
+                        f"stages[{i}].mixture.{group}{src}: unknown data source; known: {sorted(self.data)}"
                     )
+        for j, src in enumerate(self.hygiene.decontaminate_against):
+            if src not in self.data:
+                problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
         names = [s.name for s in self.stages]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -275,7 +340,7 @@ def dotted(loc: tuple) -> str:
 
 def _clean_loc(loc: tuple) -> tuple:
     # pydantic puts union/discriminator tags in loc ('str', 'Base', 'pretrain'); drop them
-    tags = {"str", "Base", "pretrain"}
+    tags = {"str", "Base", "pretrain", "nova", "weights"}
     return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or p.startswith("function-"))))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from forge.data.prepare import clean_sources
 from forge.data.sources import Source, resolve_source
 from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import plan_recipe, recipe_model_config
@@ -45,14 +46,16 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
         tracker.log_text(resolved_yaml(recipe), "recipe.resolved.yaml")
         tracker.log_params({"recipe": recipe.name, "base": str(recipe.base), "stages": len(recipe.stages),
                             "stage_kinds": ",".join(s.kind for s in recipe.stages)})
-        with state.main_process_first():  # rank 0 writes generated data and the base; the rest reuse them
-            sources = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+        with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
+            raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+            fingerprints = {name: src.fingerprint() for name, src in raw.items()}
+            sources, hygiene = clean_sources(recipe.hygiene, raw, recipe.data, fingerprints, out / "data")
             checkpoint = prepare_base(recipe, sources, out)
-        fingerprints = {name: src.fingerprint() for name, src in sources.items()}
+        tracker.log_metrics(hygiene)
         lineage = new_lineage(recipe, checkpoint)
-        used = {n for s in recipe.stages for n in s.mixture}
-        lineage["data"] = {n: source_record(sources[n], fingerprints[n]) | {"tokens": 0}
-                           for n in sorted(used)}
+        used = {n for s in recipe.stages for n in s.weights}
+        lineage["data"] = {n: source_record(raw[n], fingerprints[n], sources[n]) for n in sorted(used)}
+        lineage["hygiene"] = hygiene
 
         for i, stage in enumerate(recipe.stages):
             log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
@@ -60,10 +63,8 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
                 tracker.log_params(stage.model_dump(mode="json"))
                 tracker.log_params({"input_checkpoint": str(checkpoint)})
                 log_stage_plan(tracker, plans[i], [p for p in comparison if p.stage == stage.name])
-                for name in stage.mixture:
-                    tracker.log_dataset(name, str(sources[name].files[0].parent if len(sources[name].files) > 1
-                                                  else sources[name].files[0]), fingerprints[name],
-                                        tags={"weight": str(stage.mixture[name])})
+                for name, weight in stage.weights.items():
+                    tracker.log_dataset(name, raw[name].location, fingerprints[name], tags={"weight": str(weight)})
                 result = runner(stage.kind)(stage, checkpoint, sources, out / "stages" / stage.name, tracker)
                 tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
                 log_measured(tracker, model_config, stage, result.steps, result.metrics)
@@ -71,10 +72,11 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
                 "name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
                 "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
                 "steps": result.steps, "tokens_by_source": result.tokens_by_source,
-                "repeats": result.repeats, "metrics": result.metrics,
+                "repeats": result.repeats, "metrics": result.metrics, **result.extra,
             })
             for name, n in result.tokens_by_source.items():
                 lineage["data"][name]["tokens"] += n
+                lineage["data"][name]["skipped_records"] = len(raw[name].skipped) + len(sources[name].skipped)
             log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
             checkpoint = result.checkpoint
 

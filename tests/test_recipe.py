@@ -54,6 +54,14 @@ BAD = {
     "bad betas": (lambda t: _with_stage(t, optim={"betas": [0.9, 1.5]}), "stages[0].optim"),
     "heads do not divide hidden": (lambda t: base_recipe(t, base={"scratch": {"hidden_size": 30, "heads": 4, "tokenizer_sources": ["general"]}}),
                                    "base.scratch"),
+    "percentages not 100": (lambda t: _with_stage(t, mixture={"customer": {"domain": 30}, "curated": {"general": 60}}),
+                            "stages[0].mixture: customer and curated percentages must add to 100, they add to 90"),
+    "unknown curated source": (lambda t: _with_stage(t, mixture={"customer": {"domain": 30}, "curated": {"web": 70}}),
+                               "stages[0].mixture.curated.web: unknown data source"),
+    "unknown eval set": (lambda t: base_recipe(t, hygiene={"decontaminate_against": ["bench"]}),
+                         "hygiene.decontaminate_against[0]: unknown data source 'bench'"),
+    "bad pii mode": (lambda t: base_recipe(t, hygiene={"pii": "mask"}), "hygiene.pii"),
+    "reserved alias": (lambda t: base_recipe(t, tracking={"alias": "latest"}), "tracking.alias"),
     "catalog not yet": (lambda t: base_recipe(t, base="catalog://nova@post"), "catalog references"),
 }
 

@@ -32,8 +32,8 @@ class TokenStream:
     """One source's documents, as token ids, for one split; optionally repeating forever."""
 
     def __init__(self, source: Source, tokenizer, separator: str, holdout: float, split: str,
-                 seed: int, repeat: bool):
-        self.source, self.tokenizer, self.repeat = source, tokenizer, repeat
+                 seed: int, repeat: bool, max_repeats: int | None = None):
+        self.source, self.tokenizer, self.repeat, self.max_repeats = source, tokenizer, repeat, max_repeats
         self.holdout, self.split, self.seed = holdout, split, seed
         sep_id = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
         if sep_id is None:
@@ -76,7 +76,7 @@ class TokenStream:
                 return True
             if self._seen_in_epoch == 0 and self.split == "train":
                 raise ForgeError(f"data source {self.source.name!r} has no {self.split} documents")
-            if not self.repeat:
+            if not self.repeat or (self.max_repeats is not None and self.repeats >= self.max_repeats):
                 self.exhausted = True
                 return False
             self.epoch += 1
@@ -119,11 +119,13 @@ class TokenStream:
 class MixedBlocks:
     """Packed `seq_len` blocks drawn from several token streams by token-share weights."""
 
-    def __init__(self, streams: dict[str, TokenStream], weights: dict[str, float], seq_len: int):
+    def __init__(self, streams: dict[str, TokenStream], weights: dict[str, float], seq_len: int,
+                 on_exhausted: str = "fail"):
         total = sum(weights.values())
-        self.streams, self.seq_len = streams, seq_len
+        self.streams, self.seq_len, self.on_exhausted = streams, seq_len, on_exhausted
         self.weights = {k: v / total for k, v in weights.items()}
         self.taken = {k: 0 for k in streams}
+        self.rebalanced: list[str] = []  # sources dropped past max_repeats, in order
 
     def next_block(self) -> list[int] | None:
         """One full block, or None when non-repeating streams cannot fill another."""
@@ -132,8 +134,15 @@ class MixedBlocks:
         while len(block) < self.seq_len and active:
             seen = sum(self.taken.values())
             name = max(active, key=lambda k: self.weights[k] * seen - self.taken[k])
-            piece = self.streams[name].take(self.seq_len - len(block))
+            stream = self.streams[name]
+            piece = stream.take(self.seq_len - len(block))
             if not piece:
+                if stream.repeat and self.on_exhausted == "fail":
+                    raise ForgeError(
+                        f"data source {name!r} ran out after {stream.repeats} repeat(s) (max_repeats "
+                        f"{stream.max_repeats}); raise max_repeats, add data, or set on_exhausted: rebalance")
+                if stream.repeat:  # rebalance: the others share its weight from here on
+                    self.rebalanced.append(name)
                 active.remove(name)
                 continue
             block += piece
@@ -158,22 +167,27 @@ class MixedBlocks:
         return {k: s.repeats for k, s in self.streams.items()}
 
     def state_dict(self) -> dict:
-        return {"taken": dict(self.taken), "streams": {k: s.state_dict() for k, s in self.streams.items()}}
+        return {"taken": dict(self.taken), "rebalanced": list(self.rebalanced),
+                "streams": {k: s.state_dict() for k, s in self.streams.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.taken = dict(state["taken"])
+        self.taken, self.rebalanced = dict(state["taken"]), list(state["rebalanced"])
         for k, s in self.streams.items():
             s.load_state_dict(state["streams"][k])
 
 
 def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
-                  separator: str, holdout: float, seed: int, split: str = "train") -> MixedBlocks:
-    """Training mixtures repeat exhausted sources; evaluation mixtures stop when data runs out."""
+                  separator: str, holdout: float, seed: int, split: str = "train",
+                  max_repeats: int | None = None, on_exhausted: str = "fail") -> MixedBlocks:
+    """Training mixtures repeat exhausted sources (up to `max_repeats`, then `on_exhausted`);
+    evaluation mixtures stop when data runs out."""
+    train = split == "train"
     streams = {
-        name: TokenStream(sources[name], tokenizer, separator, holdout, split, seed, repeat=(split == "train"))
+        name: TokenStream(sources[name], tokenizer, separator, holdout, split, seed, repeat=train,
+                          max_repeats=max_repeats)
         for name in weights
     }
-    return MixedBlocks(streams, weights, seq_len)
+    return MixedBlocks(streams, weights, seq_len, on_exhausted)
 
 
 def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,

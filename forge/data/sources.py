@@ -10,7 +10,7 @@ import csv
 import glob
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -35,20 +35,55 @@ class Source:
     split: str
     proprietary: bool
     saved_dataset: Path | None = None
+    hub: str | None = None
+    hub_split: str = "train"
+    on_error: str = "fail"
+    max_errors: int = 100
+    skipped: dict = field(default_factory=dict, compare=False)  # (file, line) -> reason, for on_error: skip
+
+    @property
+    def location(self) -> str:
+        """Where the source lives, for MLflow dataset inputs and lineage."""
+        if self.hub:
+            return f"hf://datasets/{self.hub}"
+        if self.saved_dataset is not None:
+            return str(self.saved_dataset)
+        return str(self.files[0] if len(self.files) == 1 else self.files[0].parent)
 
     def records(self) -> Iterator[tuple[int, str]]:
-        """Yield (record number, text); record numbers count from 1 across the source's files."""
+        """Yield (record number, text); record numbers count from 1 across the source's files.
+        A bad record raises ForgeError naming file and line, or with on_error: skip is counted."""
         n = 0
-        if self.saved_dataset is not None:
-            for row in _saved_dataset_rows(self.saved_dataset):
-                n += 1
-                yield n, self._text(row, self.saved_dataset, n)
-            return
-        for path in self.files:
-            for line, item in _read_file(path, self._format_of(path), self.split):
-                n += 1
+        for path, line, item in self._items():
+            n += 1
+            try:
+                if isinstance(item, ForgeError):
+                    raise item
                 text = item if isinstance(item, str) else self._text(item, path, line)
-                yield n, text
+            except ForgeError as e:
+                self._skip(path, line, e)
+                continue
+            yield n, text
+
+    def _items(self) -> Iterator[tuple[Path | str, int, str | dict | ForgeError]]:
+        if self.hub is not None:
+            for i, row in enumerate(_hub_rows(self.hub, self.hub_split), start=1):
+                yield self.location, i, row
+        elif self.saved_dataset is not None:
+            for i, row in enumerate(_saved_dataset_rows(self.saved_dataset), start=1):
+                yield self.saved_dataset, i, row
+        else:
+            for path in self.files:
+                for line, item in _read_file(path, self._format_of(path), self.split):
+                    yield path, line, item
+
+    def _skip(self, path, line: int, error: ForgeError) -> None:
+        if self.on_error != "skip":
+            raise error
+        self.skipped[(str(path), line)] = str(error)
+        if len(self.skipped) > self.max_errors:
+            raise ForgeError(f"data.{self.name}: more than max_errors={self.max_errors} bad records "
+                             f"(on_error: skip); the last: {error}")
 
     def _format_of(self, path: Path) -> str:
         if self.format != "auto":
@@ -73,9 +108,10 @@ class Source:
         return "\n".join(parts)
 
     def fingerprint(self) -> str:
-        """sha256 of every file's bytes, in order, plus the reader settings."""
+        """sha256 of every file's bytes, in order, plus the reader settings (a hub source: its id)."""
         h = hashlib.sha256()
-        settings = {"format": self.format, "text_fields": self.text_fields, "split": self.split}
+        settings = {"format": self.format, "text_fields": self.text_fields, "split": self.split,
+                    "hub": self.hub, "hub_split": self.hub_split}
         h.update(json.dumps(settings, sort_keys=True).encode())
         for path in self.files:
             h.update(path.name.encode())
@@ -92,6 +128,9 @@ class Source:
 def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     """Turn a recipe data source into files on disk (writing generated text if asked)."""
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
+    errors = {"on_error": cfg.on_error, "max_errors": cfg.max_errors}
+    if cfg.hub is not None:
+        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split, **errors)
     if cfg.generate is not None:
         from forge.data.generate import write_generated
 
@@ -101,7 +140,7 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     root = Path(cfg.path)
     if root.is_dir() and ((root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file()):
         files = tuple(sorted(root.rglob("*.arrow")))
-        return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=root)
+        return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=root, **errors)
     if root.is_dir():
         files = tuple(sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIX_FORMAT))
     elif root.is_file():
@@ -110,7 +149,7 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
         files = tuple(sorted(Path(p) for p in glob.glob(cfg.path, recursive=True) if Path(p).is_file()))
     if not files:
         raise ForgeError(f"data.{name}.path: no readable files at {cfg.path!r}")
-    return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary)
+    return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary, **errors)
 
 
 def _read_file(path: Path, fmt: str, split: str) -> Iterator[tuple[int, str | dict]]:
@@ -170,17 +209,22 @@ def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
             yield start, "".join(buf).rstrip("\n")
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
+    """Rows, or a ForgeError in place of a bad line (the caller fails or skips it)."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield i, ForgeError(f"{path}:line {i}: not UTF-8 text (byte {e.start}): {e.reason}")
+                continue
             except json.JSONDecodeError as e:
-                raise ForgeError(f"{path}:line {i}: malformed JSON ({e.msg} at column {e.colno})") from None
+                yield i, ForgeError(f"{path}:line {i}: malformed JSON ({e.msg} at column {e.colno})")
+                continue
             if not isinstance(row, dict):
-                raise ForgeError(f"{path}:line {i}: expected a JSON object, got {type(row).__name__}")
+                row = ForgeError(f"{path}:line {i}: expected a JSON object, got {type(row).__name__}")
             yield i, row
 
 
@@ -195,6 +239,21 @@ def _read_json(path: Path) -> Iterator[tuple[int, dict]]:
         if not isinstance(row, dict):
             raise ForgeError(f"{path}: item {i}: expected a JSON object, got {type(row).__name__}")
         yield i, row
+
+
+def _hub_rows(dataset_id: str, split: str) -> Iterator[dict]:
+    """A hub dataset, streamed (never downloaded whole); needs network."""
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        raise ForgeError(f"hub dataset {dataset_id!r} needs network access, but offline mode is set "
+                         "(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); use a local copy (datasets save_to_disk) instead")
+    from datasets import load_dataset
+
+    try:
+        yield from load_dataset(dataset_id, split=split, streaming=True)
+    except (OSError, ValueError, ConnectionError) as e:
+        raise ForgeError(f"hub dataset {dataset_id!r} (split {split!r}) could not be read: {e}") from None
 
 
 def _saved_dataset_rows(root: Path) -> Iterator[dict]:

@@ -74,9 +74,10 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     if max_pos and stage.seq_len > max_pos:
         raise ForgeError(f"stage {stage.name}: seq_len {stage.seq_len} exceeds the model's context ({max_pos})")
 
-    weights = dict(stage.mixture)
+    weights = stage.weights
     mix = build_mixture(sources, weights, tokenizer, stage.seq_len, stage.separator,
-                        stage.eval.holdout, stage.seed)
+                        stage.eval.holdout, stage.seed, max_repeats=stage.max_repeats,
+                        on_exhausted=stage.on_exhausted)
     held_out = eval_blocks(sources, weights, tokenizer, stage.seq_len, stage.separator,
                            stage.eval.holdout, stage.seed, stage.eval.max_blocks)
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -153,7 +154,10 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     repeats = mix.repeats()
     if any(repeats.values()):
         tracker.set_tags({"repeats": ", ".join(f"{k}={v}" for k, v in repeats.items() if v)})
-    return StageResult(final, metrics, dict(mix.taken), repeats, total_steps)
+    if mix.rebalanced:
+        tracker.set_tags({"rebalanced": ", ".join(mix.rebalanced)})
+    extra = {"shares": mix.shares(), "rebalanced": list(mix.rebalanced)}
+    return StageResult(final, metrics, dict(mix.taken), repeats, total_steps, extra)
 
 
 def _save(accelerator, model, tokenizer, path: Path, step: int, mix) -> Path:

@@ -84,3 +84,38 @@ def test_empty_source_is_an_error(tmp_path, tokenizer):
     sources = {"empty": resolve_source("empty", DataSource(path=str(empty)), tmp_path)}
     with pytest.raises(ForgeError, match="'empty' has no train documents"):
         build_mixture(sources, {"empty": 1.0}, tokenizer, 32, "eos", 0.05, 0).next_batch(1)
+
+
+def test_shares_hold_over_a_million_tokens(generated_sources, tokenizer):
+    weights = {"general": 0.35, "domain": 0.65}
+    mix = build_mixture(generated_sources, weights, tokenizer, 256, "eos", 0.05, seed=3)
+    for _ in range(62):
+        mix.next_batch(64)  # 62 x 64 x 256 = 1,015,808 tokens, sources repeated many times
+    assert sum(mix.taken.values()) >= 1_000_000
+    assert all(abs(mix.shares()[k] - w) <= 0.01 for k, w in weights.items()), mix.shares()
+    assert min(mix.repeats().values()) >= 10
+
+
+def test_max_repeats_then_fail_names_the_source(tmp_path, generated_sources, tokenizer):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": f"short text {i}."}) + "\n" for i in range(10)))
+    sources = {"small": resolve_source("small", DataSource(path=str(small)), tmp_path),
+               "general": generated_sources["general"]}
+    mix = build_mixture(sources, {"small": 0.5, "general": 0.5}, tokenizer, 32, "eos", 0.05, 0, max_repeats=2)
+    with pytest.raises(ForgeError, match="'small' ran out after 2 repeat"):
+        for _ in range(100):
+            mix.next_batch(4)
+
+
+def test_max_repeats_then_rebalance(tmp_path, generated_sources, tokenizer):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": f"short text {i}."}) + "\n" for i in range(10)))
+    sources = {"small": resolve_source("small", DataSource(path=str(small)), tmp_path), **generated_sources}
+    mix = build_mixture(sources, {"small": 0.2, "general": 0.4, "domain": 0.4}, tokenizer, 32, "eos", 0.05, 0,
+                        max_repeats=1, on_exhausted="rebalance")
+    for _ in range(100):
+        mix.next_batch(4)
+    assert mix.rebalanced == ["small"] and mix.repeats()["small"] == 1
+    taken = mix.taken
+    assert taken["small"] < 0.2 * sum(taken.values())
+    assert abs(taken["general"] / (taken["general"] + taken["domain"]) - 0.5) <= 0.01  # the others keep their ratio

@@ -90,3 +90,23 @@ def test_unknown_suffix_asks_for_format(tmp_path):
     p.write_text("x")
     with pytest.raises(ForgeError, match="set data.b.format"):
         list(resolve_source("b", DataSource(path=str(p)), tmp_path).records())
+
+
+def test_skip_mode_counts_bad_lines_and_caps(tmp_path):
+    p = tmp_path / "mixed.jsonl"
+    p.write_bytes(b'{"text": "a"}\n{oops\n{"body": "x"}\n{"text": "caf\xe9"}\n{"text": "b"}\n')
+    src = resolve_source("m", DataSource(path=str(p), on_error="skip"), tmp_path)
+    assert [t for _, t in src.records()] == ["a", "b"]
+    assert sorted(line for _, line in src.skipped) == [2, 3, 4]
+    assert "not UTF-8" in src.skipped[(str(p), 4)]
+    capped = resolve_source("m", DataSource(path=str(p), on_error="skip", max_errors=2), tmp_path)
+    with pytest.raises(ForgeError, match="more than max_errors=2 bad records"):
+        list(capped.records())
+
+
+def test_hub_source_offline_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    src = resolve_source("hub", DataSource(hub="org/some-dataset"), tmp_path)
+    assert src.location == "hf://datasets/org/some-dataset"
+    with pytest.raises(ForgeError, match="needs network access"):
+        list(src.records())

@@ -128,3 +128,29 @@ def test_validate_and_help(tmp_path, capsys):
     assert cli.main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "stages[0].batch_size" in err and "Traceback" not in err
+
+
+def test_proprietary_data_is_cleaned_and_secrets_never_logged(tmp_path):
+    secret, key = "maria.lopez@example.org", "AKIAIOSFODNN7EXAMPLQ"
+    rows = [f"Ticket {i}: the Helix-{i % 7} rotor makes noise at speed {i * 10}; reply to {secret}." for i in range(60)]
+    rows += [f"Deploy note {i}: use access key {key} for the staging bucket number {i}." for i in range(20)]
+    crm = tmp_path / "crm.jsonl"
+    crm.write_text("".join(json.dumps({"body": r}) + "\n" for r in rows))
+    recipe = base_recipe(
+        tmp_path,
+        data={"general": {"generate": {"kind": "stories", "documents": 300}},
+              "crm": {"path": str(crm), "text_field": "body", "proprietary": True}},
+        stages=[pretrain_stage(mixture={"customer": {"crm": 40}, "curated": {"general": 60}}, max_steps=4)],
+        tracking={"register_model": False})
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 0
+    loaded = load_recipe(path)
+    _, parents, children = _runs(loaded)
+    metrics = parents[0].data.metrics
+    assert metrics["hygiene.pii.email"] == 60 and metrics["hygiene.pii.aws_access_key"] == 20
+    lineage = json.loads((tmp_path / "out" / "novella" / "lineage.json").read_text())
+    assert lineage["hygiene"]["hygiene.pii.email"] == 60 and "cleaned" in lineage["data"]["crm"]
+    shares = lineage["stages"][0]["shares"]
+    assert abs(shares["crm"] - 0.4) <= 0.02
+    everything = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert secret.encode() not in everything and key.encode() not in everything

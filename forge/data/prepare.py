@@ -1,0 +1,52 @@
+"""Hygiene as a one-time pass before training: each source with hygiene on is read once, in recipe
+order, through one shared `Hygiene` (so duplicates across sources are caught, the first copy
+kept), and the surviving, redacted text is cached as JSONL keyed by the raw data's fingerprints
+and the settings. Training then reads the cache, epoch after epoch, like any other source.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from forge.data.hygiene import Hygiene, HygieneConfig
+from forge.data.sources import Source
+from forge.recipe import DataSource, HygieneSettings
+
+
+def hygiene_config(h: HygieneSettings) -> HygieneConfig:
+    return HygieneConfig(pii=h.pii, pii_types=tuple(h.pii_types) if h.pii_types else None, dedup=h.dedup,
+                         near_threshold=h.near_threshold, decontam_ngram=h.ngram if h.decontaminate_against else 0)
+
+
+def clean_sources(settings: HygieneSettings, sources: dict[str, Source], cfgs: dict[str, DataSource],
+                  fingerprints: dict[str, str], out_dir: Path) -> tuple[dict[str, Source], dict[str, int]]:
+    """Sources with hygiene on replaced by their cleaned cache; returns (sources, hygiene counts)."""
+    evals = settings.decontaminate_against
+    todo = [n for n in sources if cfgs[n].cleaned and n not in evals]
+    if not todo:
+        return sources, {}
+    key_data = {"settings": settings.model_dump(mode="json"), "sources": {n: fingerprints[n] for n in todo},
+                "evals": {n: fingerprints[n] for n in evals}}
+    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
+    cache = out_dir / f"clean-{key}"
+    if not (cache / "stats.json").is_file():
+        eval_texts = (text for n in evals for _, text in sources[n].records())
+        hygiene = Hygiene(hygiene_config(settings), eval_texts)
+        tmp = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in todo:
+            with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for number, text in hygiene.process(name, sources[name].records()):
+                    f.write(json.dumps({"record": number, "text": text}) + "\n")
+        (tmp / "stats.json").write_text(json.dumps(hygiene.stats.as_dict(), indent=1))
+        os.replace(tmp, cache)
+    cleaned = dict(sources)
+    for name in todo:
+        cleaned[name] = replace(sources[name], files=(cache / f"{name}.jsonl",), format="jsonl",
+                                text_fields=("text",), saved_dataset=None, hub=None, on_error="fail", skipped={})
+    return cleaned, json.loads((cache / "stats.json").read_text())
