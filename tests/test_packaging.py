@@ -1,0 +1,44 @@
+"""The README's two commands, CI running the README's test command, and the Dockerfile."""
+from __future__ import annotations
+
+import re
+import shlex
+
+from forge_testing import REPO
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", section, flags=re.S)
+
+
+def test_readme_gives_exactly_two_commands_install_and_quickstart_then_tests():
+    quickstart, tests = _readme_commands()
+    assert "pip install torch==2.13.0" in quickstart and "forge run recipes/quickstart.yaml" in quickstart
+    assert "pip install -e '.[test]'" in tests and tests.rstrip().endswith("python -m pytest -q")
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    _, tests = _readme_commands()
+    steps = [s.strip() for s in tests.split("&&")]
+    lines = [line.strip().replace("pip install -q ", "pip install ") for line in ci.splitlines()]
+    assert [line for line in lines if line in steps] == steps  # every step, in order
+    assert lines[-1] == steps[-1]
+
+
+def test_dockerfile_installs_forge_with_forge_as_entrypoint():
+    instructions = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            word, _, rest = line.strip().partition(" ")
+            instructions.append((word.upper(), rest))
+    words = [w for w, _ in instructions]
+    assert words[0] == "FROM" and "ENTRYPOINT" in words
+    entry = dict(instructions)["ENTRYPOINT"]
+    assert entry == '["forge"]'
+    runs = " ".join(r for w, r in instructions if w == "RUN")
+    assert "torch==2.13.0" in runs and "pip install ." in runs
+    copied = {shlex.split(r)[0] for w, r in instructions if w == "COPY"}
+    assert {"forge", "pipelines"} <= copied
