@@ -95,15 +95,15 @@ class Source:
 
     def _text(self, row: dict, path: Path, line: int) -> str:
         parts = []
-        for field in self.text_fields:
-            if field not in row:
+        for key in self.text_fields:
+            if key not in row:
                 raise ForgeError(
-                    f"{path}:line {line}: record has no field {field!r} (data.{self.name}.text_field); "
+                    f"{path}:line {line}: record has no field {key!r} (data.{self.name}.text_field); "
                     f"fields present: {sorted(row)[:12]}"
                 )
-            value = row[field]
+            value = row[key]
             if not isinstance(value, str):
-                raise ForgeError(f"{path}:line {line}: field {field!r} should be text, got {type(value).__name__}")
+                raise ForgeError(f"{path}:line {line}: field {key!r} should be text, got {type(value).__name__}")
             parts.append(value)
         return "\n".join(parts)
 

@@ -1,0 +1,154 @@
+"""Reporting recipe problems: YAML line lookup, pydantic errors as one line per problem naming
+the dotted path, the line, what was given and what was expected; dotted command-line overrides."""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Annotated, Any, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from forge.errors import ForgeError
+
+
+# ------------------------------------------------------------------------------ line lookup
+def line_index(text: str) -> dict[tuple, int]:
+    """Map each path (tuple of keys/indices) in the YAML document to its 1-based line."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[path + (key.value,)] = key.start_mark.line + 1
+                walk(value, path + (key.value,))
+                lines[path + (key.value,)] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(recipe)"
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    # pydantic puts union/discriminator tags in loc ('str', 'Base', 'pretrain'); drop them
+    tags = {"str", "Base", "pretrain", "nova", "weights"}
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or p.startswith("function-"))))
+
+
+def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys a mapping at `loc` accepts, found by walking the schema (for 'unknown key' errors)."""
+    node: Any = root
+    for part in loc:
+        origin = get_origin(node)
+        if origin in (list, dict):
+            node = get_args(node)[-1]
+            continue
+        if origin is Annotated or origin is Union:
+            node = next(a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel))
+        if isinstance(node, type) and issubclass(node, BaseModel) and isinstance(part, str):
+            field = node.model_fields.get(part)
+            if field is None:
+                return []
+            node = field.annotation
+            while get_origin(node) is Union or get_origin(node) is Annotated:
+                models = [a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)]
+                lists = [a for a in get_args(node) if get_origin(a) in (list, dict)]
+                node = (models or lists or [None])[0]
+    if get_origin(node) is Union or get_origin(node) is Annotated:
+        node = next((a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+
+
+def _line_of(path: tuple, lines: dict) -> str:
+    while path and path not in lines:
+        path = path[:-1]
+    return f"line {lines[path]}" if path in lines else ""
+
+
+def format_errors(err: ValidationError, root: type[BaseModel], where: str, lines: dict,
+                  overrides: dict[tuple, str]) -> list[str]:
+    out: list[str] = []
+    for e in err.errors():
+        loc = _clean_loc(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error" and not loc:
+            # cross-reference checks name their own paths, one problem per line
+            for line in msg.split("\n"):
+                place = _line_of(parse_path(line.split(":", 1)[0]), lines)
+                out.append(f"{where}{':' + place if place else ''}: {line}")
+            continue
+        origin = next((f"override {o!r}" for p, o in overrides.items() if loc[: len(p)] == p), None)
+        place = origin or _line_of(loc, lines)
+        given = ""
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "extra_forbidden":
+            msg = f"unknown key; expected one of {_allowed_keys(root, loc[:-1])}"
+        elif not isinstance(e.get("input"), (dict, list)):
+            given = f" (given: {e['input']!r})"
+        line = f"{where}{':' + place if place else ''}: {dotted(loc)}: {msg}{given}"
+        if line not in out:
+            out.append(line)
+    return out
+
+
+# --------------------------------------------------------------------------------- overrides
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def parse_path(key: str) -> tuple:
+    """'stages[1].optim.lr' or 'stages.1.optim.lr' -> ('stages', 1, 'optim', 'lr')."""
+    parts: list = []
+    for name, index in _PART.findall(key):
+        parts.append(int(index) if index else (int(name) if name.isdigit() else name))
+    if not parts or "".join(str(p) for p in parts) == "":
+        raise ForgeError(f"override {key!r}: empty key")
+    return tuple(parts)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> tuple[dict, dict[tuple, str]]:
+    data = copy.deepcopy(raw)
+    origins: dict[tuple, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ForgeError(f"override {item!r}: expected dotted.key=value, e.g. stages[0].optim.lr=1e-4")
+        key, value = item.split("=", 1)
+        path = parse_path(key.strip())
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ForgeError(f"override {item!r}: value is not valid YAML: {e}") from None
+        node = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(part, int):
+                if not isinstance(node, list) or part >= len(node):
+                    raise ForgeError(f"override {item!r}: {dotted(path[:depth + 1])} does not exist")
+                node = node[part]
+            else:
+                if not isinstance(node, dict):
+                    raise ForgeError(f"override {item!r}: {dotted(path[:depth])} is not a mapping")
+                node = node.setdefault(part, {})
+        last = path[-1]
+        if isinstance(last, int):
+            if not isinstance(node, list) or last >= len(node):
+                raise ForgeError(f"override {item!r}: {dotted(path)} does not exist")
+        elif not isinstance(node, dict):
+            raise ForgeError(f"override {item!r}: {dotted(path[:-1])} is not a mapping")
+        node[last] = parsed
+        origins[path] = item
+    return data, origins
