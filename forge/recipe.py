@@ -32,6 +32,24 @@ class GeneratedText(Strict):
     seed: int = 0
 
 
+class ChatFormat(Strict):
+    """How structured records become conversations for SFT and preference data (forge.data.formats)."""
+
+    kind: Literal["messages", "instruction", "prompt_completion", "preference", "hh"]
+    fields: dict[str, str] = Field(default_factory=dict, description="logical name -> record field")
+    roles: dict[str, str] = Field(default_factory=dict, description="extra role names, e.g. {human: user}")
+    chat_template: str | None = Field(None, description="Jinja chat template; default: the tokenizer's, else forge's")
+    loss_on: Literal["assistant", "all", "last_assistant"] = "assistant"
+    too_long: Literal["truncate", "drop"] = "drop"
+
+    @model_validator(mode="after")
+    def _known_fields(self) -> "ChatFormat":
+        from forge.data.formats import FormatSpec
+
+        FormatSpec(self.kind, dict(self.fields), dict(self.roles))  # raises ValueError naming the bad key
+        return self
+
+
 class DataSource(Strict):
     """A named source: local files (a path, glob or folder), a saved `datasets` folder, a hub
     dataset (online only), or generated text."""
@@ -45,6 +63,7 @@ class DataSource(Strict):
     split: Literal["file", "paragraph", "line"] = Field(
         "paragraph", description="how a plain-text file is cut into documents"
     )
+    chat: ChatFormat | None = Field(None, description="structured SFT / preference records instead of plain text")
     proprietary: bool = False
     hygiene: bool | None = Field(None, description="run the recipe's hygiene on this source; default: if proprietary")
     on_error: Literal["fail", "skip"] = Field("fail", description="a bad record stops the run, or is skipped and counted")

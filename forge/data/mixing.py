@@ -19,7 +19,7 @@ import torch
 from forge.data.sources import Source
 from forge.errors import ForgeError
 
-ENCODE_BATCH = 128
+ENCODE_BATCH = 512
 
 
 def in_holdout(source: str, record: int, fraction: float, seed: int) -> bool:
@@ -56,7 +56,12 @@ class TokenStream:
         return held if self.split == "eval" else not held
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        # the Rust tokenizer directly: transformers' per-call wrapping costs ~10-40% of throughput
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        else:
+            ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         if self.sep_after:
             return [x + [self.sep_id] for x in ids]
         return [[self.sep_id] + x for x in ids]

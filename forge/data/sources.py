@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -16,6 +17,11 @@ from typing import Iterator
 
 from forge.errors import ForgeError
 from forge.recipe import DataSource
+
+def _suffix(path: Path) -> str:
+    """'.jsonl' for both data.jsonl and data.jsonl.gz."""
+    return path.suffixes[-2].lower() if path.suffix.lower() == ".gz" and len(path.suffixes) > 1 else path.suffix.lower()
+
 
 _SUFFIX_FORMAT = {
     ".txt": "text", ".md": "text", ".text": "text",
@@ -65,6 +71,12 @@ class Source:
                 continue
             yield n, text
 
+    def rows(self) -> Iterator[tuple[int, str, dict | str | ForgeError]]:
+        """Yield (record number, 'file:line N', row) for structured records (SFT and preference
+        formats read their own fields); a bad line comes as a ForgeError in place of its row."""
+        for n, (path, line, item) in enumerate(self._items(), start=1):
+            yield n, f"{path}:line {line}", item
+
     def _items(self) -> Iterator[tuple[Path | str, int, str | dict | ForgeError]]:
         if self.hub is not None:
             for i, row in enumerate(_hub_rows(self.hub, self.hub_split), start=1):
@@ -88,7 +100,7 @@ class Source:
     def _format_of(self, path: Path) -> str:
         if self.format != "auto":
             return self.format
-        fmt = _SUFFIX_FORMAT.get(path.suffix.lower())
+        fmt = _SUFFIX_FORMAT.get(_suffix(path))
         if fmt is None:
             raise ForgeError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; set data.{self.name}.format")
         return fmt
@@ -142,7 +154,7 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
         files = tuple(sorted(root.rglob("*.arrow")))
         return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=root, **errors)
     if root.is_dir():
-        files = tuple(sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in _SUFFIX_FORMAT))
+        files = tuple(sorted(p for p in root.rglob("*") if p.is_file() and _suffix(p) in _SUFFIX_FORMAT))
     elif root.is_file():
         files = (root,)
     else:
@@ -211,7 +223,7 @@ def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
     """Rows, or a ForgeError in place of a bad line (the caller fails or skips it)."""
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as f:
         for i, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue

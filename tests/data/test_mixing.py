@@ -119,3 +119,12 @@ def test_max_repeats_then_rebalance(tmp_path, generated_sources, tokenizer):
     taken = mix.taken
     assert taken["small"] < 0.2 * sum(taken.values())
     assert abs(taken["general"] / (taken["general"] + taken["domain"]) - 0.5) <= 0.01  # the others keep their ratio
+
+
+def test_fast_encode_path_matches_the_tokenizer_call(generated_sources, tokenizer):
+    from forge.data.mixing import TokenStream
+
+    stream = TokenStream(generated_sources["domain"], tokenizer, "eos", 0.05, "train", 0, repeat=False)
+    texts = [t for _, t in generated_sources["domain"].records()][:50] + ["Ünïcödé  spaces\tand\nlines ✓"]
+    slow = [x + [tokenizer.eos_token_id] for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    assert stream._encode(texts) == slow

@@ -1,0 +1,138 @@
+"""Packing whole SFT examples into fixed-length blocks, the per-batch padding baseline, and the loss.
+
+Best-fit decreasing puts each example, longest first, into the open block with the least room that
+still fits it. Position ids restart at 0 for every example, and packed batches carry no attention
+mask: transformers then builds a block-diagonal causal mask from the restarting position ids
+(`masking_utils.find_packed_sequence_indices`; flash-attention derives `cu_seqlens` from them the
+same way), so attention stays inside each example and packed and unpacked training give the same
+loss. `sft_loss` is the token-level mean over labelled tokens, the same definition for both.
+"""
+from __future__ import annotations
+
+import bisect
+from itertools import islice
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def _check(examples: list[dict], seq_len: int) -> None:
+    for i, ex in enumerate(examples):
+        if not 0 < len(ex["input_ids"]) <= seq_len:
+            raise ValueError(f"example {i} has {len(ex['input_ids'])} tokens; packing needs 1..{seq_len} "
+                             "(apply the too_long policy first)")
+
+
+def _block(members: list[dict], seq_len: int, pad_id: int) -> dict:
+    ids, labels, pos, lengths = [], [], [], []
+    for ex in members:
+        n = len(ex["input_ids"])
+        ids += ex["input_ids"]
+        labels += [IGNORE] + list(ex["labels"][1:])  # an example's first token is never a target
+        pos += range(n)
+        lengths.append(n)
+    pad = seq_len - len(ids)
+    return {"input_ids": ids + [pad_id] * pad, "labels": labels + [IGNORE] * pad,
+            "position_ids": pos + list(range(pad)), "lengths": lengths}
+
+
+def pack_best_fit(examples: list[dict], seq_len: int, pad_id: int) -> list[dict]:
+    """Blocks of `seq_len` tokens: input_ids, labels, position_ids (restarting), lengths (real tokens)."""
+    _check(examples, seq_len)
+    order = sorted(range(len(examples)), key=lambda i: -len(examples[i]["input_ids"]))  # stable
+    bins: list[list[dict]] = []
+    room: list[tuple[int, int]] = []  # (free tokens, bin index), sorted; full bins leave the list
+    for i in order:
+        n = len(examples[i]["input_ids"])
+        k = bisect.bisect_left(room, (n, -1))
+        if k < len(room):
+            free, b = room.pop(k)
+        else:
+            free, b = seq_len, len(bins)
+            bins.append([])
+        bins[b].append(examples[i])
+        if free - n:
+            bisect.insort(room, (free - n, b))
+    return [_block(members, seq_len, pad_id) for members in bins]
+
+
+def pack_next_fit(examples: list[dict], seq_len: int, pad_id: int) -> list[dict]:
+    """Sequential packing in the given order (a new block whenever the next example does not fit)."""
+    _check(examples, seq_len)
+    bins: list[list[dict]] = []
+    used = seq_len
+    for ex in examples:
+        n = len(ex["input_ids"])
+        if used + n > seq_len:
+            bins.append([])
+            used = 0
+        bins[-1].append(ex)
+        used += n
+    return [_block(members, seq_len, pad_id) for members in bins]
+
+
+def pack_stream(examples: Iterable[dict], seq_len: int, pad_id: int, window: int = 1000) -> Iterator[dict]:
+    """Best-fit decreasing over successive windows of `window` examples (memory stays bounded)."""
+    it = iter(examples)
+    while chunk := list(islice(it, window)):
+        yield from pack_best_fit(chunk, seq_len, pad_id)
+
+
+def packing_efficiency(blocks: list[dict]) -> float:
+    """Real tokens / block tokens."""
+    total = sum(len(b["input_ids"]) for b in blocks)
+    return sum(sum(b["lengths"]) for b in blocks) / total if total else 0.0
+
+
+def collate(blocks: list[dict]) -> dict[str, torch.Tensor]:
+    """Packed blocks -> (batch, seq_len) tensors; no attention mask (see the module docstring)."""
+    return {k: torch.tensor([b[k] for b in blocks], dtype=torch.long)
+            for k in ("input_ids", "labels", "position_ids")}
+
+
+def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[list[dict], float]:
+    """Baseline: consecutive batches, each right-padded to its longest example; (batches, efficiency)."""
+    batches, real, total = [], 0, 0
+    for s in range(0, len(examples), batch_size):
+        chunk = examples[s:s + batch_size]
+        width = max(len(ex["input_ids"]) for ex in chunk)
+        ids, labels, mask = [], [], []
+        for ex in chunk:
+            n, pad = len(ex["input_ids"]), width - len(ex["input_ids"])
+            ids.append(list(ex["input_ids"]) + [pad_id] * pad)
+            labels.append([IGNORE] + list(ex["labels"][1:]) + [IGNORE] * pad)
+            mask.append([1] * n + [0] * pad)
+            real += n
+        total += width * len(chunk)
+        batches.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
+                        "attention_mask": torch.tensor(mask)})
+    return batches, (real / total if total else 0.0)
+
+
+def sft_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token losses, number of labelled tokens) for a packed or a padded batch.
+
+    Sum and count (rather than a mean) let gradient accumulation and data-parallel ranks divide by
+    the global token count, so the loss does not depend on how examples were grouped.
+    """
+    kwargs = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
+    if "position_ids" in batch:
+        if "attention_mask" in batch:
+            raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
+        kwargs["position_ids"] = batch["position_ids"]
+    elif "attention_mask" in batch:
+        kwargs["attention_mask"] = batch["attention_mask"]
+    logits = model(**kwargs).logits[:, :-1].float()
+    labels = batch["labels"][:, 1:].to(logits.device)
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                            ignore_index=IGNORE, reduction="sum")
+    return total, (labels != IGNORE).sum()
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean loss over the batch's labelled tokens."""
+    total, count = sft_loss_sum(model, batch)
+    return total / count.clamp(min=1)
