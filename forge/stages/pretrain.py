@@ -97,6 +97,7 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     tokens_per_step = stage.tokens_per_step * world
     bar = progress(total_steps, stage.name, enabled=accelerator.is_main_process)
     started, window_start, window_tokens = time.perf_counter(), time.perf_counter(), 0
+    side_seconds = 0.0  # periodic evaluation and checkpoints: not part of a training step
     loss_value = float("nan")
     for step in range(1, total_steps + 1):
         step_loss = torch.zeros((), device=accelerator.device)
@@ -131,11 +132,14 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
             row.update({f"repeats.{k}": v for k, v in mix.repeats().items()})
             tracker.log_metrics(row, step=step)
             bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tps:,.0f}")
+        side_start = time.perf_counter()
         if held_out is not None and stage.eval.every and step % stage.eval.every == 0 and step != total_steps:
             ev = evaluate(model, held_out, stage.batch_size, accelerator.device)
             tracker.log_metrics({"eval_loss": ev, "eval_ppl": math.exp(ev)}, step=step)
         if stage.checkpoint.every and step % stage.checkpoint.every == 0 and step != total_steps:
             _save(accelerator, model, tokenizer, out_dir / "checkpoints" / f"step-{step:07d}", step, mix)
+        side_seconds += time.perf_counter() - side_start
+        window_start += time.perf_counter() - side_start  # tokens/s counts training time only
         bar.update(1)
     bar.close()
     elapsed = time.perf_counter() - started
@@ -146,9 +150,10 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
         tracker.log_metrics({"eval_loss": metrics["eval_loss"], "eval_ppl": math.exp(metrics["eval_loss"])},
                             step=total_steps)
     metrics["tokens"] = total_steps * tokens_per_step
-    metrics["tokens_per_s_mean"] = metrics["tokens"] / max(elapsed, 1e-9)
-    metrics["train_seconds"] = elapsed
-    metrics["step_time_s"] = elapsed / total_steps
+    metrics["train_seconds"] = elapsed - side_seconds
+    metrics["tokens_per_s_mean"] = metrics["tokens"] / max(metrics["train_seconds"], 1e-9)
+    metrics["step_time_s"] = metrics["train_seconds"] / total_steps
+    metrics["eval_checkpoint_seconds"] = side_seconds
     metrics["peak_mem_bytes"] = memory.peak_bytes()
     final = _save(accelerator, model, tokenizer, out_dir / "final", total_steps, mix)
     repeats = mix.repeats()
