@@ -154,6 +154,8 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     metrics["tokens_per_s_mean"] = metrics["tokens"] / max(metrics["train_seconds"], 1e-9)
     metrics["step_time_s"] = metrics["train_seconds"] / total_steps
     metrics["eval_checkpoint_seconds"] = side_seconds
+    # real tokens / block tokens: blocks are cut from the joined stream, so nothing is padding
+    metrics["packing_efficiency"] = sum(mix.taken.values()) / (total_steps * stage.tokens_per_step * world)
     metrics["peak_mem_bytes"] = memory.peak_bytes()
     final = _save(accelerator, model, tokenizer, out_dir / "final", total_steps, mix)
     repeats = mix.repeats()
