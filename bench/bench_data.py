@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -35,7 +36,8 @@ TOKENIZER = SHARED / "models/stories260K"
 
 def forge_pass(source, tok, seq_len: int) -> int:
     """One pass over every document: build_mixture's eval split with holdout 1.0 reads each once."""
-    mix = build_mixture({"qa": source}, {"qa": 1.0}, tok, seq_len, "eos", holdout=1.0, seed=0, split="eval")
+    everything = dataclasses.replace(source, holdout=1.0)
+    mix = build_mixture({"qa": everything}, {"qa": 1.0}, tok, seq_len, "eos", split="eval")
     n = 0
     while mix.next_block() is not None:
         n += seq_len

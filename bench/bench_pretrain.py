@@ -67,7 +67,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base)
-    mix = build_mixture(sources, {"general": 1.0}, tok, args.seq_len, "eos", stage.eval.holdout, stage.seed)
+    mix = build_mixture(sources, {"general": 1.0}, tok, args.seq_len, "eos")
     blocks = [mix.next_batch(args.batch) for _ in range(args.steps)]  # the very blocks forge trains on
     tokens = args.steps * args.batch * args.seq_len
     tracker = Tracker(f"sqlite:///{tmp / 'mlflow.db'}", "bench")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from forge.errors import ForgeError
@@ -35,8 +36,13 @@ def _run(args) -> int:
         print(f"forge: warning: --force given, running anyway: {warning}", file=sys.stderr)
     try:
         pipeline = importlib.import_module(f"pipelines.{recipe.pipeline}")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as e:
+        if e.name not in ("pipelines", f"pipelines.{recipe.pipeline}"):
+            raise  # a dependency of the pipeline is missing: not the user's recipe
         raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
+    # a launcher stops the other ranks with SIGTERM when one fails: exit through Python so that
+    # open MLflow runs are ended FAILED rather than left RUNNING
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
     summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None), plans=plans)
     if rank0:
@@ -52,6 +58,7 @@ def _quiet_libraries() -> None:
     """Library progress bars and advisories only clutter forge's own output."""
     import logging
 
+    import mlflow  # noqa: F401  (imported first: importing it resets its logger's level)
     import transformers
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # "creating initial database tables" etc.

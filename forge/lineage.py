@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shutil
 from pathlib import Path
 
 import forge
 from forge.data.sources import Source
+from forge.files import atomic_dir
 from forge.recipe import Recipe
 
 
@@ -37,10 +37,9 @@ def new_lineage(recipe: Recipe, base_checkpoint: Path) -> dict:
 
 def write_novella(checkpoint: Path, out: Path, lineage: dict) -> Path:
     """The Novella folder: the final checkpoint's weights, tokenizer and config, plus lineage.json."""
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(checkpoint, tmp, ignore=shutil.ignore_patterns("forge_state.json"))
-    (tmp / "lineage.json").write_text(json.dumps(lineage, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with atomic_dir(out) as tmp:
+        for item in Path(checkpoint).iterdir():
+            if item.name != "forge_state.json":
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        (tmp / "lineage.json").write_text(json.dumps(lineage, indent=2))
     return out

@@ -19,6 +19,9 @@ from forge.errors import ForgeError
 from forge.recipe_errors import apply_overrides, format_errors, line_index
 
 
+NAME = r"^[A-Za-z0-9_.-]+$"  # names of stages and data sources (they become MLflow keys and file names)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -59,13 +62,16 @@ class DataSource(Strict):
     hub_split: str = "train"
     generate: GeneratedText | None = None
     format: Literal["auto", "text", "jsonl", "json", "parquet", "csv", "arrow"] = "auto"
-    text_field: str | list[str] = Field("text", description="field(s) holding text; a list is joined by newlines")
+    text_field: Annotated[Union[Annotated[str, Tag("<one>")], Annotated[list[str], Tag("<list>")]],
+                          Discriminator(lambda v: "<list>" if isinstance(v, list) else "<one>")] = Field(
+        "text", description="field(s) holding text; a list is joined by newlines")
     split: Literal["file", "paragraph", "line"] = Field(
         "paragraph", description="how a plain-text file is cut into documents"
     )
     chat: ChatFormat | None = Field(None, description="structured SFT / preference records instead of plain text")
     proprietary: bool = False
     hygiene: bool | None = Field(None, description="run the recipe's hygiene on this source; default: if proprietary")
+    holdout: float = Field(0.05, ge=0, lt=0.5, description="fraction of documents held out for evaluation, in every stage")
     on_error: Literal["fail", "skip"] = Field("fail", description="a bad record stops the run, or is skipped and counted")
     max_errors: int = Field(100, ge=0, description="with on_error: skip, more bad records than this still fail")
 
@@ -89,6 +95,15 @@ class HygieneSettings(Strict):
     near_threshold: float = Field(0.8, gt=0, le=1)
     decontaminate_against: list[str] = Field(default_factory=list, description="sources that are evaluation sets")
     ngram: int = Field(13, ge=0, le=64, description="n-gram length for decontamination; 0 = off")
+
+    @field_validator("pii_types")
+    @classmethod
+    def _known_types(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            from forge.data.pii import check_types
+
+            check_types(v)  # ValueError names the unknown ones and lists the known
+        return v
 
 
 # -------------------------------------------------------------------------------------- stages
@@ -115,7 +130,6 @@ class Schedule(Strict):
 
 class EvalSettings(Strict):
     every: int = Field(0, ge=0, description="steps between evaluations; 0 = only at the end")
-    holdout: float = Field(0.05, gt=0, lt=0.5, description="fraction of each source's documents held out")
     max_blocks: int = Field(32, gt=0)
 
 
@@ -126,11 +140,15 @@ class CheckpointSettings(Strict):
 class NovaMixture(Strict):
     """Nova-style mixture: percentages of customer data plus curated categories, adding to 100."""
 
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     customer: dict[str, float] = Field(min_length=1)
     curated: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _hundred(self) -> "NovaMixture":
+        both = sorted(set(self.customer) & set(self.curated))
+        if both:
+            raise ValueError(f"{both} listed under both customer and curated; give each source once")
         total = sum(self.customer.values()) + sum(self.curated.values())
         if abs(total - 100.0) > 1e-6:
             raise ValueError(f"customer and curated percentages must add to 100, they add to {total:g}")
@@ -142,11 +160,12 @@ class NovaMixture(Strict):
 
 def _mixture_kind(value: Any) -> str:
     is_nova = isinstance(value, (dict, NovaMixture)) and ("customer" in value if isinstance(value, dict) else True)
-    return "nova" if is_nova else "weights"
+    return "<nova>" if is_nova else "<weights>"
 
 
 Mixture = Annotated[
-    Union[Annotated[dict[str, float], Tag("weights")], Annotated[NovaMixture, Tag("nova")]],
+    Union[Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Tag("<weights>")],
+          Annotated[NovaMixture, Tag("<nova>")]],
     Discriminator(_mixture_kind),
 ]
 
@@ -155,7 +174,7 @@ class PretrainStage(Strict):
     """Continued pretraining / mid-training: causal-LM loss over packed token blocks."""
 
     kind: Literal["pretrain"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=NAME)
     mixture: Mixture = Field(description="{source: weight} or {customer: {...}, curated: {...}} in percent")
     max_repeats: int | None = Field(None, ge=0, description="times a source may start over; None = no limit")
     on_exhausted: Literal["fail", "rebalance"] = Field(
@@ -205,7 +224,16 @@ class PretrainStage(Strict):
         return max(1, -(-self.max_tokens // per_step))
 
 
-Stage = Annotated[Union[PretrainStage], Field(discriminator="kind")]
+def _stage_kind(value: Any) -> str | None:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return f"<{kind}>" if kind in STAGE_KINDS else None
+
+
+STAGE_KINDS = ("pretrain",)
+# Tags in <brackets> cannot clash with user names in error paths (recipe_errors strips them).
+Stage = Annotated[Union[Annotated[PretrainStage, Tag("<pretrain>")]],
+                  Discriminator(_stage_kind, custom_error_type="stage_kind",
+                                custom_error_message=f"'kind' must be one of {list(STAGE_KINDS)}")]
 
 
 # ---------------------------------------------------------------------------------------- base
@@ -276,8 +304,9 @@ class Compute(Strict):
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
     pipeline: str = Field("novella", pattern=r"^[a-z_][a-z0-9_]*$")
-    base: str | Base
-    data: dict[str, DataSource] = Field(min_length=1)
+    base: Annotated[Union[Annotated[str, Tag("<path>")], Annotated[Base, Tag("<scratch>")]],
+                    Discriminator(lambda v: "<path>" if isinstance(v, str) else "<scratch>")]
+    data: dict[Annotated[str, Field(pattern=NAME)], DataSource] = Field(min_length=1)
     stages: list[Stage] = Field(min_length=1)
     hygiene: HygieneSettings = HygieneSettings()
     tracking: Tracking = Tracking()
@@ -298,6 +327,16 @@ class Recipe(Strict):
         for j, src in enumerate(self.hygiene.decontaminate_against):
             if src not in self.data:
                 problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
+        evals = set(self.hygiene.decontaminate_against)
+        for i, stage in enumerate(self.stages):
+            for src in stage.weights:
+                if src in evals:
+                    problems.append(f"stages[{i}].mixture.{src}: is an evaluation set "
+                                    "(hygiene.decontaminate_against); a stage must not train on it")
+                cfg = self.data.get(src)
+                if cfg is not None and cfg.chat is not None and stage.kind == "pretrain":
+                    problems.append(f"stages[{i}].mixture.{src}: data.{src} holds chat records (chat: ...), "
+                                    "which a pretrain stage does not read; give it plain text")
         names = [s.name for s in self.stages]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
@@ -45,33 +46,36 @@ def dotted(loc: tuple) -> str:
 
 
 def _clean_loc(loc: tuple) -> tuple:
-    # pydantic puts union/discriminator tags in loc ('str', 'Base', 'pretrain'); drop them
-    tags = {"str", "Base", "pretrain", "nova", "weights"}
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or p.startswith("function-"))))
+    """Drop the union tags pydantic puts in error paths; forge's schema writes them as <tag>."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("<") and p.endswith(">")))
+
+
+def _members(node: Any) -> list:
+    """The concrete types inside a possibly Annotated / Union type."""
+    origin = get_origin(node)
+    if origin is Annotated:
+        return _members(get_args(node)[0])
+    if origin in (Union, types.UnionType):
+        return [m for arg in get_args(node) for m in _members(arg)]
+    return [node]
+
+
+def _is_model(node: Any) -> bool:
+    return isinstance(node, type) and issubclass(node, BaseModel)
 
 
 def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
     """The keys a mapping at `loc` accepts, found by walking the schema (for 'unknown key' errors)."""
-    node: Any = root
+    nodes: list = [root]
     for part in loc:
-        origin = get_origin(node)
-        if origin in (list, dict):
-            node = get_args(node)[-1]
-            continue
-        if origin is Annotated or origin is Union:
-            node = next(a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel))
-        if isinstance(node, type) and issubclass(node, BaseModel) and isinstance(part, str):
-            field = node.model_fields.get(part)
-            if field is None:
-                return []
-            node = field.annotation
-            while get_origin(node) is Union or get_origin(node) is Annotated:
-                models = [a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)]
-                lists = [a for a in get_args(node) if get_origin(a) in (list, dict)]
-                node = (models or lists or [None])[0]
-    if get_origin(node) is Union or get_origin(node) is Annotated:
-        node = next((a for a in get_args(node) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []
+        step = []
+        for member in (m for n in nodes for m in _members(n)):
+            if get_origin(member) in (list, dict):
+                step.append(get_args(member)[-1])
+            elif _is_model(member) and isinstance(part, str) and part in member.model_fields:
+                step.append(member.model_fields[part].annotation)
+        nodes = step
+    return sorted({k for n in nodes for m in _members(n) if _is_model(m) for k in m.model_fields})
 
 
 def _line_of(path: tuple, lines: dict) -> str:

@@ -5,14 +5,15 @@ with nothing downloaded. The result is an ordinary Hugging Face checkpoint folde
 """
 from __future__ import annotations
 
-import os
-import shutil
+import hashlib
+import json
 from itertools import islice
 from pathlib import Path
 
 import torch
 
 from forge.data.sources import Source
+from forge.files import atomic_dir
 from forge.recipe import ScratchBase
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -38,8 +39,15 @@ def train_tokenizer(sources: list[Source], vocab_size: int, max_docs: int = 20_0
     )
 
 
+def scratch_key(cfg: ScratchBase, fingerprints: list[str]) -> str:
+    """A short hash of the base's settings and its tokenizer data: a changed recipe gets a new base."""
+    blob = json.dumps({"cfg": cfg.model_dump(mode="json"), "data": fingerprints}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 def build_scratch_base(cfg: ScratchBase, sources: list[Source], out: Path) -> Path:
-    """Write a randomly initialised model and its tokenizer to `out` (atomically; reused if present)."""
+    """Write a randomly initialised model and its tokenizer to `out` (atomically; reused if present,
+    so name `out` after everything that shapes it: see `scratch_key`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if (out / "config.json").is_file():
@@ -51,9 +59,7 @@ def build_scratch_base(cfg: ScratchBase, sources: list[Source], out: Path) -> Pa
     hf.pop("architectures"), hf.pop("model_type")
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(LlamaConfig(**hf))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    os.replace(tmp, out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out

@@ -67,16 +67,23 @@ class Tracker:
         mlflow = self._mlflow
         nested = mlflow.active_run() is not None
         run = mlflow.start_run(run_name=name, nested=nested, tags=tags)
+        status = "FINISHED"
         try:
             yield run.info.run_id
-            mlflow.flush_async_logging()
         except BaseException as e:
-            mlflow.flush_async_logging()
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
             message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
-            mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
-            mlflow.end_run("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            if isinstance(e, SystemExit):
+                message = f"stopped with exit status {e.code} (terminated, or another process of the launch failed)"
+            with contextlib.suppress(Exception):
+                mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
             raise
-        mlflow.end_run("FINISHED")
+        finally:
+            # the run always ends, whatever else fails here: nothing is left RUNNING
+            try:
+                mlflow.flush_async_logging()
+            finally:
+                mlflow.end_run(status)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.enabled:

@@ -15,17 +15,18 @@ from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import plan_recipe, recipe_model_config
 from forge.plan.runlog import COMPARE_TARGETS, log_measured, log_stage_plan
 from forge.recipe import Recipe, resolved_yaml
-from forge.scratch import build_scratch_base
+from forge.scratch import build_scratch_base, scratch_key
 from forge.stages import runner
 from forge.track import Tracker
 from forge.train.accel import process_state
 
 
-def prepare_base(recipe: Recipe, sources: dict[str, Source], out: Path) -> Path:
+def prepare_base(recipe: Recipe, sources: dict[str, Source], fingerprints: dict[str, str], out: Path) -> Path:
     if isinstance(recipe.base, str):
         return Path(recipe.base)
     scratch = recipe.base.scratch
-    return build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / "base")
+    key = scratch_key(scratch, [fingerprints[n] for n in scratch.tokenizer_sources])
+    return build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
 
 
 def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
@@ -50,7 +51,7 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
             raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
             fingerprints = {name: src.fingerprint() for name, src in raw.items()}
             sources, hygiene = clean_sources(recipe.hygiene, raw, recipe.data, fingerprints, out / "data")
-            checkpoint = prepare_base(recipe, sources, out)
+            checkpoint = prepare_base(recipe, sources, fingerprints, out)
         tracker.log_metrics(hygiene)
         lineage = new_lineage(recipe, checkpoint)
         used = {n for s in recipe.stages for n in s.weights}
@@ -67,7 +68,8 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
                     tracker.log_dataset(name, raw[name].location, fingerprints[name], tags={"weight": str(weight)})
                 result = runner(stage.kind)(stage, checkpoint, sources, out / "stages" / stage.name, tracker)
                 tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
-                log_measured(tracker, model_config, stage, result.steps, result.metrics)
+                if state.is_main_process and state.num_processes == 1:  # the planner's local model is one process
+                    log_measured(tracker, model_config, stage, result.steps, result.metrics)
             lineage["stages"].append({
                 "name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
                 "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
@@ -76,7 +78,9 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
             })
             for name, n in result.tokens_by_source.items():
                 lineage["data"][name]["tokens"] += n
-                lineage["data"][name]["skipped_records"] = len(raw[name].skipped) + len(sources[name].skipped)
+                cleaned = sources[name] is not raw[name]
+                lineage["data"][name]["skipped_records"] = len(raw[name].skipped) + (
+                    len(sources[name].skipped) if cleaned else 0)
             log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
             checkpoint = result.checkpoint
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,11 @@ from forge_testing import tiny_scratch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# session-wide too (module-scoped fixtures run before function-scoped ones): calibration records
+# and hardware overrides never reach the user's home
+_HOME = tempfile.mkdtemp(prefix="forge-test-home-")
+os.environ["FORGE_HARDWARE_FILE"] = os.path.join(_HOME, "hardware.yaml")
+os.environ["FORGE_CALIBRATION_DIR"] = os.path.join(_HOME, "calibration")
 
 
 @pytest.fixture(autouse=True)

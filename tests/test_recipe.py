@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 from forge.errors import ForgeError
@@ -63,6 +62,19 @@ BAD = {
                          "hygiene.decontaminate_against[0]: unknown data source 'bench'"),
     "bad pii mode": (lambda t: base_recipe(t, hygiene={"pii": "mask"}), "hygiene.pii"),
     "reserved alias": (lambda t: base_recipe(t, tracking={"alias": "latest"}), "tracking.alias"),
+    "bad source name": (lambda t: base_recipe(t, data={"crm(v2)": {"generate": {"kind": "facts", "documents": 3}}}),
+                        "String should match pattern"),
+    "infinite weight": (lambda t: _with_stage(t, mixture={"general": float("inf")}), "stages[0].mixture.general: Input should be a finite number"),
+    "source in both nova groups": (lambda t: _with_stage(t, mixture={"customer": {"domain": 50}, "curated": {"domain": 50}}),
+                                   "listed under both customer and curated"),
+    "training on an eval set": (lambda t: base_recipe(t, hygiene={"decontaminate_against": ["general"]}),
+                                "stages[0].mixture.general: is an evaluation set"),
+    "chat data in pretraining": (lambda t: base_recipe(t, data={"general": {"generate": {"kind": "stories", "documents": 3},
+                                                                         "chat": {"kind": "messages"}}}),
+                                 "stages[0].mixture.general: data.general holds chat records"),
+    "unknown pii type": (lambda t: base_recipe(t, hygiene={"pii_types": ["email", "dna"]}), "hygiene.pii_types: unknown PII type(s) ['dna']"),
+    "unknown scratch key": (lambda t: base_recipe(t, base={"scratch": {"tokenizer_sources": ["general"], "colour": 1}}),
+                            "base.scratch.colour: unknown key; expected one of ['arch'"),
     "catalog not yet": (lambda t: base_recipe(t, base="catalog://nova@post"), "catalog references"),
 }
 
@@ -130,3 +142,13 @@ def test_shipped_recipes_validate_and_say_how_to_run(path):
     if "../shared" in path.read_text() and not (REPO.parent / "shared").exists():
         pytest.skip("recipe uses ../shared, absent here")
     load_recipe(path)
+
+
+def test_scratch_base_is_keyed_by_its_settings_and_data():
+    from forge.recipe import ScratchBase
+    from forge.scratch import scratch_key
+
+    cfg = ScratchBase(tokenizer_sources=["general"])
+    assert scratch_key(cfg, ["abc"]) == scratch_key(ScratchBase(tokenizer_sources=["general"]), ["abc"])
+    assert scratch_key(cfg, ["abc"]) != scratch_key(cfg.model_copy(update={"hidden_size": 128}), ["abc"])
+    assert scratch_key(cfg, ["abc"]) != scratch_key(cfg, ["abd"])  # the tokenizer's data changed

@@ -22,19 +22,21 @@ from forge.errors import ForgeError
 ENCODE_BATCH = 512
 
 
-def in_holdout(source: str, record: int, fraction: float, seed: int) -> bool:
-    """Stable split: a record is held out when its hash falls below `fraction` (no RNG state)."""
-    digest = hashlib.blake2b(f"{seed}:{source}:{record}".encode(), digest_size=8).digest()
+def in_holdout(source: str, record: int, fraction: float) -> bool:
+    """Stable split: a record is held out when its hash falls below `fraction` (no RNG state).
+    It depends on the data alone, never on a stage's seed, so every stage holds out the same
+    documents and no stage evaluates on what an earlier one trained on."""
+    digest = hashlib.blake2b(f"holdout:{source}:{record}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
 class TokenStream:
     """One source's documents, as token ids, for one split; optionally repeating forever."""
 
-    def __init__(self, source: Source, tokenizer, separator: str, holdout: float, split: str,
-                 seed: int, repeat: bool, max_repeats: int | None = None):
+    def __init__(self, source: Source, tokenizer, separator: str, split: str, repeat: bool,
+                 max_repeats: int | None = None):
         self.source, self.tokenizer, self.repeat, self.max_repeats = source, tokenizer, repeat, max_repeats
-        self.holdout, self.split, self.seed = holdout, split, seed
+        self.split = split
         sep_id = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
         if sep_id is None:
             raise ForgeError(f"the tokenizer has no {separator.upper()} token; set the stage's separator to the other one")
@@ -52,7 +54,7 @@ class TokenStream:
         self._seen_in_epoch = 0
 
     def _wanted(self, record: int) -> bool:
-        held = in_holdout(self.source.name, record, self.holdout, self.seed)
+        held = in_holdout(self.source.name, record, self.source.holdout)
         return held if self.split == "eval" else not held
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
@@ -137,8 +139,11 @@ class MixedBlocks:
         block: list[int] = []
         active = [k for k in self.streams if not self.streams[k].exhausted]
         while len(block) < self.seq_len and active:
-            seen = sum(self.taken.values())
-            name = max(active, key=lambda k: self.weights[k] * seen - self.taken[k])
+            # deficit among the sources still drawing: once one is dropped (rebalance) the others
+            # share its weight in proportion to their own
+            seen = sum(self.taken[k] for k in active)
+            total = sum(self.weights[k] for k in active)
+            name = max(active, key=lambda k: self.weights[k] / total * seen - self.taken[k])
             stream = self.streams[name]
             piece = stream.take(self.seq_len - len(block))
             if not piece:
@@ -182,13 +187,13 @@ class MixedBlocks:
 
 
 def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
-                  separator: str, holdout: float, seed: int, split: str = "train",
+                  separator: str, split: str = "train",
                   max_repeats: int | None = None, on_exhausted: str = "fail") -> MixedBlocks:
     """Training mixtures repeat exhausted sources (up to `max_repeats`, then `on_exhausted`);
     evaluation mixtures stop when data runs out."""
     train = split == "train"
     streams = {
-        name: TokenStream(sources[name], tokenizer, separator, holdout, split, seed, repeat=train,
+        name: TokenStream(sources[name], tokenizer, separator, split, repeat=train,
                           max_repeats=max_repeats)
         for name in weights
     }
@@ -196,9 +201,9 @@ def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokeniz
 
 
 def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
-                separator: str, holdout: float, seed: int, max_blocks: int) -> torch.Tensor | None:
+                separator: str, max_blocks: int) -> torch.Tensor | None:
     """A fixed held-out set: up to `max_blocks` blocks from each source's held-out documents."""
-    mix = build_mixture(sources, weights, tokenizer, seq_len, separator, holdout, seed, split="eval")
+    mix = build_mixture(sources, weights, tokenizer, seq_len, separator, split="eval")
     blocks = []
     while len(blocks) < max_blocks and (block := mix.next_block()) is not None:
         blocks.append(block)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from forge.data.hygiene import Hygiene, HygieneConfig
 from forge.data.sources import Source
+from forge.files import atomic_dir
 from forge.recipe import DataSource, HygieneSettings
 
 
@@ -36,15 +35,12 @@ def clean_sources(settings: HygieneSettings, sources: dict[str, Source], cfgs: d
     if not (cache / "stats.json").is_file():
         eval_texts = (text for n in evals for _, text in sources[n].records())
         hygiene = Hygiene(hygiene_config(settings), eval_texts)
-        tmp = cache.with_name(cache.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in todo:
-            with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
-                for number, text in hygiene.process(name, sources[name].records()):
-                    f.write(json.dumps({"record": number, "text": text}) + "\n")
-        (tmp / "stats.json").write_text(json.dumps(hygiene.stats.as_dict(), indent=1))
-        os.replace(tmp, cache)
+        with atomic_dir(cache) as tmp:
+            for name in todo:
+                with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                    for number, text in hygiene.process(name, sources[name].records()):
+                        f.write(json.dumps({"record": number, "text": text}) + "\n")
+            (tmp / "stats.json").write_text(json.dumps(hygiene.stats.as_dict(), indent=1))
     cleaned = dict(sources)
     for name in todo:
         cleaned[name] = replace(sources[name], files=(cache / f"{name}.jsonl",), format="jsonl",

@@ -41,6 +41,7 @@ class Source:
     split: str
     proprietary: bool
     saved_dataset: Path | None = None
+    holdout: float = 0.05  # fraction of documents held out for evaluation
     hub: str | None = None
     hub_split: str = "train"
     on_error: str = "fail"
@@ -140,7 +141,7 @@ class Source:
 def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     """Turn a recipe data source into files on disk (writing generated text if asked)."""
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
-    errors = {"on_error": cfg.on_error, "max_errors": cfg.max_errors}
+    errors = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
     if cfg.hub is not None:
         return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split, **errors)
     if cfg.generate is not None:
@@ -148,7 +149,7 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
 
         g = cfg.generate
         path = write_generated(g, generated_dir / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl")
-        return Source(name, (path,), "jsonl", ("text",), cfg.split, cfg.proprietary)
+        return Source(name, (path,), "jsonl", ("text",), cfg.split, cfg.proprietary, **errors)
     root = Path(cfg.path)
     if root.is_dir() and ((root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file()):
         files = tuple(sorted(root.rglob("*.arrow")))

@@ -48,14 +48,18 @@ def _read_yaml(path: Path) -> dict:
 def load_catalog(extra_files: tuple[str | Path, ...] = ()) -> dict:
     """The merged catalog: package file, then the user file if it exists, then extra_files."""
     data = _read_yaml(PACKAGE_CATALOG)
+    files = [str(PACKAGE_CATALOG)]
     user = user_hardware_file()
     if user.is_file():
         data = deep_merge(data, _read_yaml(user))
+        files.append(str(user))
     for extra in extra_files:
         path = Path(extra).expanduser()
         if not path.is_file():
             raise ForgeError(f"hardware file {path} does not exist")
         data = deep_merge(data, _read_yaml(path))
+        files.append(str(path))
+    data["files"] = files  # for error messages: which files made this catalog
     return data
 
 
@@ -186,9 +190,19 @@ def resolve_name(name: str, catalog: dict) -> str:
 
 
 def get_system(name: str, catalog: dict | None = None) -> System:
-    """The system called `name` (or one of its aliases); a bad name lists the known ones."""
+    """The system called `name` (or one of its aliases); a bad name lists the known ones, and an
+    entry with a missing or malformed field names it and the catalog files."""
     catalog = catalog if catalog is not None else load_catalog()
     key = resolve_name(name, catalog)
+    try:
+        return _system(key, catalog)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"missing field {e}" if isinstance(e, KeyError) else f"bad value ({e})"
+        raise ForgeError(f"hardware catalog entry for {key!r} (or its chip) has a {what}; "
+                         f"catalog files: {', '.join(catalog.get('files', []))}") from None
+
+
+def _system(key: str, catalog: dict) -> System:
     raw = catalog["systems"][key]
     chip_key = raw["chip"]
     if chip_key not in catalog.get("chips", {}):

@@ -76,16 +76,16 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
 
     weights = stage.weights
     mix = build_mixture(sources, weights, tokenizer, stage.seq_len, stage.separator,
-                        stage.eval.holdout, stage.seed, max_repeats=stage.max_repeats,
-                        on_exhausted=stage.on_exhausted)
-    held_out = eval_blocks(sources, weights, tokenizer, stage.seq_len, stage.separator,
-                           stage.eval.holdout, stage.seed, stage.eval.max_blocks)
+                        max_repeats=stage.max_repeats, on_exhausted=stage.on_exhausted)
+    held_out = eval_blocks(sources, weights, tokenizer, stage.seq_len, stage.separator, stage.eval.max_blocks)
     world, rank = accelerator.num_processes, accelerator.process_index
     total_steps = stage.total_steps(world)
 
     optimizer = build_optimizer(model, stage.optim)
     scheduler = build_scheduler(optimizer, total_steps, stage.schedule)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # the scheduler stays unprepared: accelerate would step it once per process each step, while
+    # total_steps already counts optimizer steps of the whole data-parallel world
+    model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
 
     metrics: dict[str, float] = {}
@@ -109,22 +109,23 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
                     loss = model(input_ids=x, labels=x).loss / stage.grad_accum
                 accelerator.backward(loss)
             step_loss += loss.detach()
-        if not torch.isfinite(step_loss):
-            raise ForgeError(f"stage {stage.name}: loss became {step_loss.item()} at step {step}; "
+        loss_value = accelerator.reduce(step_loss, "mean").item()  # every rank sees the same value
+        if not math.isfinite(loss_value):
+            raise ForgeError(f"stage {stage.name}: loss became {loss_value} at step {step}; "
                              "lower optim.lr or use precision fp32")
         grad_norm = (accelerator.clip_grad_norm_(model.parameters(), stage.optim.grad_clip)
                      if stage.optim.grad_clip else None)
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
         window_tokens += tokens_per_step
-        loss_value = accelerator.reduce(step_loss, "mean").item()
         if step % stage.log_every == 0 or step == total_steps:
             now = time.perf_counter()
             tps = window_tokens / max(now - window_start, 1e-9)
             window_start, window_tokens = now, 0
-            row = {"loss": loss_value, "lr": scheduler.get_last_lr()[0], "tokens_per_s": tps,
+            row = {"loss": loss_value, "lr": lr, "tokens_per_s": tps,
                    "tokens": step * tokens_per_step}
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)

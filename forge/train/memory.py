@@ -17,8 +17,25 @@ def _rss_bytes() -> int:
 
 
 def _max_rss_bytes() -> int:
+    """The process's peak RSS since start, or since the last reset (Linux VmHWM)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM, so a stage's peak is not an earlier stage's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 class PeakMemory:
@@ -29,6 +46,8 @@ class PeakMemory:
         self.cuda = device.type == "cuda"
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
+        else:
+            _reset_peak_rss()
         self.device, self.start = device, _rss_bytes()
 
     def peak_bytes(self) -> int:

@@ -51,7 +51,9 @@ def test_clean_sources_redacts_dedups_and_decontaminates(tmp_path):
 def test_cleaning_is_cached_by_fingerprint_and_settings(tmp_path):
     cfgs, raw, fps = _setup(tmp_path)
     first, _ = clean_sources(HygieneSettings(), raw, cfgs, fps, tmp_path / "data")
+    written = first["crm"].files[0].stat().st_mtime_ns
     again, _ = clean_sources(HygieneSettings(), raw, cfgs, fps, tmp_path / "data")
+    assert again["crm"].files[0].stat().st_mtime_ns == written  # reused, not recomputed
     other, _ = clean_sources(HygieneSettings(dedup="off"), raw, cfgs, fps, tmp_path / "data")
     assert first["crm"].files == again["crm"].files != other["crm"].files
     assert len(list(other["crm"].records())) == 4  # the duplicate stays; the email is still redacted

@@ -15,7 +15,8 @@ from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 
 @pytest.mark.slow
 def test_two_process_run_trains_on_twice_the_tokens_and_logs_once(tmp_path):
-    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=3, grad_accum=2)])
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(
+        max_steps=3, grad_accum=2, schedule={"kind": "linear", "min_lr_ratio": 0.0})])
     path = write_recipe(tmp_path / "r.yaml", recipe)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FORGE_DEBUG": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
@@ -30,3 +31,28 @@ def test_two_process_run_trains_on_twice_the_tokens_and_logs_once(tmp_path):
     runs = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
     assert sorted(r.info.run_name for r in runs) == ["cpt", "tiny"]
     assert all(r.info.status == "FINISHED" for r in runs)
+    # the schedule advances once per optimizer step, whatever the number of processes
+    child = next(r for r in runs if r.info.run_name == "cpt")
+    lrs = [m.value for m in mlflow.MlflowClient().get_metric_history(child.info.run_id, "lr")]
+    assert lrs == pytest.approx([3e-3, 2e-3, 1e-3])
+
+
+@pytest.mark.slow
+def test_terminated_run_is_marked_failed_not_left_running(tmp_path):
+    import signal
+    import time
+
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=100_000)])
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "run", str(path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # wait until training has begun
+        if line.startswith("stage 1/1"):
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)  # what torchrun sends the other ranks when one fails
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
+    assert sorted((r.info.run_name, r.info.status) for r in runs) == [("cpt", "FAILED"), ("tiny", "FAILED")]
+    assert all("terminated" in r.data.tags["error"] for r in runs)

@@ -14,10 +14,10 @@ from forge.track import null_tracker
 def test_domain_perplexity_drops_after_continued_pretraining(tmp_path):
     model = shared_path("models", "stories260K")
     qa = shared_path("domain", "medquad_cancergov", "cancergov_qa.jsonl")
-    sources = {"medquad": resolve_source("medquad", DataSource(path=str(qa), text_field=["question", "answer"]), tmp_path)}
+    sources = {"medquad": resolve_source("medquad", DataSource(path=str(qa), text_field=["question", "answer"], holdout=0.1), tmp_path)}
     stage = PretrainStage(name="cpt", kind="pretrain", mixture={"medquad": 1.0}, max_steps=60, seq_len=128,
                           batch_size=8, optim={"lr": 2e-3}, schedule={"warmup_steps": 5}, separator="bos",
-                          eval={"holdout": 0.1, "max_blocks": 16})
+                          eval={"max_blocks": 16})
     result = pretrain.run(stage, model, sources, tmp_path / "cpt", null_tracker())
     before, after = result.metrics["eval_loss_start"], result.metrics["eval_loss"]
     # held-out documents never trained on: perplexity exp(loss) must fall clearly
