@@ -78,9 +78,8 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
             })
             for name, n in result.tokens_by_source.items():
                 lineage["data"][name]["tokens"] += n
-                cleaned = sources[name] is not raw[name]
-                lineage["data"][name]["skipped_records"] = len(raw[name].skipped) + (
-                    len(sources[name].skipped) if cleaned else 0)
+                # bad records are skipped where the raw data is read (cleaned caches are well-formed)
+                lineage["data"][name]["skipped_records"] = len(raw[name].skipped)
             log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
             checkpoint = result.checkpoint
 
