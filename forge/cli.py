@@ -44,7 +44,8 @@ def _run(args) -> int:
     # open MLflow runs are ended FAILED rather than left RUNNING
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
-    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None), plans=plans)
+    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None), plans=plans,
+                           resume=args.resume)
     if rank0:
         print(f"novella: {summary['novella']}")
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {summary['run_id']})")
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "run":
             p.add_argument("--force", action="store_true", help="run stages the plan says cannot fit")
+            p.add_argument("--resume", action="store_true",
+                           help="reuse finished stages; continue an interrupted one from its last checkpoint")
     from forge.plan import command as plan_command
 
     p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",

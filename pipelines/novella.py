@@ -17,6 +17,8 @@ from forge.plan.runlog import COMPARE_TARGETS, log_measured, log_stage_plan
 from forge.recipe import Recipe, resolved_yaml
 from forge.scratch import build_scratch_base, scratch_key
 from forge.stages import runner
+from forge.stages.result import StageResult
+from forge.train.checkpoint import finished_result
 from forge.track import Tracker
 from forge.train.accel import process_state
 
@@ -29,10 +31,11 @@ def prepare_base(recipe: Recipe, sources: dict[str, Source], fingerprints: dict[
     return build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
 
 
-def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
+def run(recipe: Recipe, tracker: Tracker, log=print, plans=None, resume: bool = False) -> dict:
     """Run the whole recipe; return a summary (novella path, registered version, metrics).
 
-    `plans`: the recipe's per-stage plans on its target (from `forge run`; made here if absent)."""
+    `plans`: the recipe's per-stage plans on its target (from `forge run`; made here if absent).
+    `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint."""
     plans = plans if plans is not None else plan_recipe(recipe)
     comparison = plan_recipe(recipe, target=COMPARE_TARGETS)
     model_config = recipe_model_config(recipe)
@@ -66,7 +69,14 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None) -> dict:
                 log_stage_plan(tracker, plans[i], [p for p in comparison if p.stage == stage.name])
                 for name, weight in stage.weights.items():
                     tracker.log_dataset(name, raw[name].location, fingerprints[name], tags={"weight": str(weight)})
-                result = runner(stage.kind)(stage, checkpoint, sources, out / "stages" / stage.name, tracker)
+                stage_dir = out / "stages" / stage.name
+                done = finished_result(stage_dir / "final") if resume else None
+                if done is not None:
+                    log("  finished in an earlier run: reusing its checkpoint")
+                    tracker.set_tags({"reused": str(stage_dir / "final")})
+                    result = StageResult.from_dict(done)
+                else:
+                    result = runner(stage.kind)(stage, checkpoint, sources, stage_dir, tracker, resume=resume)
                 tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
                 if state.is_main_process and state.num_processes == 1:  # the planner's local model is one process
                     log_measured(tracker, model_config, stage, result.steps, result.metrics)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,22 +18,13 @@ from forge.data.mixing import build_mixture, eval_blocks
 from forge.data.sources import Source
 from forge.errors import ForgeError
 from forge.recipe import PretrainStage
+from forge.stages.result import StageResult
 from forge.track import Tracker
 from forge.train.accel import new_accelerator
-from forge.train.checkpoint import save_checkpoint
+from forge.train.checkpoint import latest_checkpoint, restore_training_state, save_checkpoint, training_state
 from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler
 from forge.train.progress import progress
-
-@dataclass
-class StageResult:
-    checkpoint: Path
-    metrics: dict[str, float]
-    tokens_by_source: dict[str, int]
-    repeats: dict[str, int]
-    steps: int
-    extra: dict = field(default_factory=dict)
-
 
 def _load(input_ckpt: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -62,14 +52,18 @@ def evaluate(model, blocks: torch.Tensor, batch_size: int, device) -> float:
 
 
 def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_dir: Path,
-        tracker: Tracker) -> StageResult:
-    """Train `input_ckpt` on the stage's mixture; return the final checkpoint and metrics."""
+        tracker: Tracker, resume: bool = False) -> StageResult:
+    """Train `input_ckpt` on the stage's mixture; return the final checkpoint and metrics.
+
+    `resume`: continue from the newest checkpoint in `out_dir/checkpoints` (weights, optimizer,
+    schedule, RNG and data position), so the result equals that of an uninterrupted run."""
     from accelerate.utils import set_seed
 
     accelerator = new_accelerator(stage.precision, f"stage {stage.name}")
     set_seed(stage.seed)
     memory = PeakMemory(accelerator.device)
-    model, tokenizer = _load(input_ckpt)
+    resume_from = latest_checkpoint(out_dir / "checkpoints") if resume else None
+    model, tokenizer = _load(resume_from or input_ckpt)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and stage.seq_len > max_pos:
         raise ForgeError(f"stage {stage.name}: seq_len {stage.seq_len} exceeds the model's context ({max_pos})")
@@ -89,17 +83,25 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
     model.train()
 
     metrics: dict[str, float] = {}
-    if held_out is not None:
+    first_step = 1
+    if resume_from is not None:
+        saved = restore_training_state(resume_from, optimizer, scheduler)
+        mix.load_state_dict(saved["data"])
+        metrics.update(saved["metrics"])
+        first_step = saved["step"] + 1
+        tracker.set_tags({"resumed_from": str(resume_from)})
+    elif held_out is not None:
         metrics["eval_loss_start"] = evaluate(model, held_out, stage.batch_size, accelerator.device)
         tracker.log_metrics({"eval_loss": metrics["eval_loss_start"],
                              "eval_ppl": math.exp(metrics["eval_loss_start"])}, step=0)
 
     tokens_per_step = stage.tokens_per_step * world
     bar = progress(total_steps, stage.name, enabled=accelerator.is_main_process)
+    bar.update(first_step - 1)
     started, window_start, window_tokens = time.perf_counter(), time.perf_counter(), 0
     side_seconds = 0.0  # periodic evaluation and checkpoints: not part of a training step
     loss_value = float("nan")
-    for step in range(1, total_steps + 1):
+    for step in range(first_step, total_steps + 1):
         step_loss = torch.zeros((), device=accelerator.device)
         for micro in range(stage.grad_accum):
             x = mix.next_batch(stage.batch_size, rank, world).to(accelerator.device)
@@ -138,7 +140,9 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
             ev = evaluate(model, held_out, stage.batch_size, accelerator.device)
             tracker.log_metrics({"eval_loss": ev, "eval_ppl": math.exp(ev)}, step=step)
         if stage.checkpoint.every and step % stage.checkpoint.every == 0 and step != total_steps:
-            _save(accelerator, model, tokenizer, out_dir / "checkpoints" / f"step-{step:07d}", step, mix)
+            _save(accelerator, model, tokenizer, out_dir / "checkpoints" / f"step-{step:07d}",
+                  {"step": step, "data": mix.state_dict(), "metrics": metrics},
+                  training_state(optimizer, scheduler))
         side_seconds += time.perf_counter() - side_start
         window_start += time.perf_counter() - side_start  # tokens/s counts training time only
         bar.update(1)
@@ -151,27 +155,29 @@ def run(stage: PretrainStage, input_ckpt: Path, sources: dict[str, Source], out_
         tracker.log_metrics({"eval_loss": metrics["eval_loss"], "eval_ppl": math.exp(metrics["eval_loss"])},
                             step=total_steps)
     metrics["tokens"] = total_steps * tokens_per_step
+    steps_run = max(1, total_steps - first_step + 1)
     metrics["train_seconds"] = elapsed - side_seconds
-    metrics["tokens_per_s_mean"] = metrics["tokens"] / max(metrics["train_seconds"], 1e-9)
-    metrics["step_time_s"] = metrics["train_seconds"] / total_steps
+    metrics["tokens_per_s_mean"] = steps_run * tokens_per_step / max(metrics["train_seconds"], 1e-9)
+    metrics["step_time_s"] = metrics["train_seconds"] / steps_run
     metrics["eval_checkpoint_seconds"] = side_seconds
     # real tokens / block tokens: blocks are cut from the joined stream, so nothing is padding
     metrics["packing_efficiency"] = sum(mix.taken.values()) / (total_steps * stage.tokens_per_step * world)
     metrics["peak_mem_bytes"] = memory.peak_bytes()
-    final = _save(accelerator, model, tokenizer, out_dir / "final", total_steps, mix)
     repeats = mix.repeats()
     if any(repeats.values()):
         tracker.set_tags({"repeats": ", ".join(f"{k}={v}" for k, v in repeats.items() if v)})
     if mix.rebalanced:
         tracker.set_tags({"rebalanced": ", ".join(mix.rebalanced)})
     extra = {"shares": mix.shares(), "rebalanced": list(mix.rebalanced)}
-    return StageResult(final, metrics, dict(mix.taken), repeats, total_steps, extra)
+    result = StageResult(out_dir / "final", metrics, dict(mix.taken), repeats, total_steps, extra)
+    _save(accelerator, model, tokenizer, result.checkpoint,
+          {"step": total_steps, "data": mix.state_dict(), "result": result.as_dict()})
+    return result
 
 
-def _save(accelerator, model, tokenizer, path: Path, step: int, mix) -> Path:
+def _save(accelerator, model, tokenizer, path: Path, state: dict, training: dict | None = None) -> Path:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        save_checkpoint(accelerator.unwrap_model(model), tokenizer, path,
-                        state={"step": step, "data": mix.state_dict()})
+        save_checkpoint(accelerator.unwrap_model(model), tokenizer, path, state=state, training=training)
     accelerator.wait_for_everyone()
     return path
