@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from forge.data.pii import PII_TYPES, Finding, iban_ok, luhn_ok, redact, scan_pii, ssn_ok
+from forge.data.pii import PII_TYPES, Finding, redact, scan_pii
+from forge.data.pii_checks import iban_ok, luhn_ok, ssn_ok
 
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIn0"
