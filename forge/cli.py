@@ -29,7 +29,9 @@ def _run(args) -> int:
     from forge.plan.report import assert_plans_fit, format_table
 
     plans = plan_recipe(recipe)
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    from forge.train.accel import process_state
+
+    rank0 = process_state().is_main_process  # the same notion of rank the pipeline and stages use
     if rank0:
         print(format_table(plans), end="")
     for warning in assert_plans_fit(plans, force=args.force):

@@ -281,7 +281,7 @@ class Recipe(Strict):
 
 
 # ------------------------------------------------------------------------------------ loading
-def _check_files(recipe: Recipe, root: Path, lines: dict, where: str) -> list[str]:
+def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
     problems = []
 
     def at(path: tuple) -> str:
@@ -348,7 +348,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
         raise ForgeError("\n".join(format_errors(e, Recipe, where, lines, origins))) from None
-    problems = _check_files(recipe, path.parent, lines, where)
+    problems = _check_files(recipe, lines, where)
     if problems:
         raise ForgeError("\n".join(problems))
     return recipe

@@ -42,12 +42,13 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None, resume: bool = 
     state = process_state()
     out = Path(recipe.output)
     out.mkdir(parents=True, exist_ok=True)
+    resolved = resolved_yaml(recipe)
     if state.is_main_process:
-        (out / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
+        (out / "recipe.resolved.yaml").write_text(resolved)
     summary: dict = {"output": str(out)}
     with tracker.run(recipe.name, tags={"forge.pipeline": "novella", "forge.recipe": recipe.name}) as run_id:
         summary["run_id"] = run_id
-        tracker.log_text(resolved_yaml(recipe), "recipe.resolved.yaml")
+        tracker.log_text(resolved, "recipe.resolved.yaml")
         tracker.log_params({"recipe": recipe.name, "base": str(recipe.base), "stages": len(recipe.stages),
                             "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base

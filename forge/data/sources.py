@@ -60,11 +60,9 @@ class Source:
     def records(self) -> Iterator[tuple[int, str]]:
         """Yield (record number, text); record numbers count from 1 across the source's files.
         A bad record raises ForgeError naming file and line, or with on_error: skip is counted."""
-        n = 0
-        for path, line, item in self._items():
-            n += 1
+        for n, (path, line, item) in enumerate(self._items(), start=1):
             try:
-                if isinstance(item, ForgeError):
+                if isinstance(item, ForgeError):  # the reader's stand-in for a bad line
                     raise item
                 text = item if isinstance(item, str) else self._text(item, path, line)
             except ForgeError as e:
