@@ -24,6 +24,7 @@ from forge.data.sources import resolve_source  # noqa: E402
 from forge.recipe import DataSource, GeneratedText, PretrainStage, ScratchBase  # noqa: E402
 from forge.scratch import build_scratch_base  # noqa: E402
 from forge.stages import pretrain  # noqa: E402
+from forge.stages.result import StageInputs  # noqa: E402
 from forge.track import Tracker  # noqa: E402
 
 
@@ -75,7 +76,7 @@ def main() -> None:
     forge_s, bare_s = [], []
     for r in range(args.repeats):
         with tracker.run(f"bench-{r}"):
-            result = pretrain.run(stage, base, sources, tmp / f"run{r}", tracker)
+            result = pretrain.run(stage, StageInputs(base, sources, tmp / f"run{r}", tracker))
         forge_s.append(result.metrics["train_seconds"])
         bare_s.append(bare_loop(base, blocks, 1e-3))
     f, b = tokens / min(forge_s), tokens / min(bare_s)

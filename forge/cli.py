@@ -27,10 +27,14 @@ def _run(args) -> int:
     _quiet_libraries()
     from forge.plan.recipe_plan import plan_recipe
     from forge.plan.report import assert_plans_fit, format_table
-
-    plans = plan_recipe(recipe)
+    from forge.plan.runlog import COMPARE_TARGETS
     from forge.train.accel import process_state
+    from forge.train.stop import StopRequested
 
+    plans = plan_recipe(recipe)  # planned once per run: printed, checked, and logged by each stage
+    comparison: dict[str, list] = {}
+    for plan in plan_recipe(recipe, target=COMPARE_TARGETS):
+        comparison.setdefault(plan.stage, []).append(plan)
     rank0 = process_state().is_main_process  # the same notion of rank the pipeline and stages use
     if rank0:
         print(format_table(plans), end="")
@@ -43,16 +47,23 @@ def _run(args) -> int:
             raise  # a dependency of the pipeline is missing: not the user's recipe
         raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
     # a launcher stops the other ranks with SIGTERM when one fails: exit through Python so that
-    # open MLflow runs are ended FAILED rather than left RUNNING
+    # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
+    # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.stop)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
-    summary = pipeline.run(recipe, tracker, log=print if rank0 else (lambda *_: None), plans=plans,
-                           resume=args.resume)
+    try:
+        result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
+                              log=print if rank0 else (lambda *_: None), resume=args.resume)
+    except StopRequested as e:
+        if rank0:
+            again = " ".join(["forge", "run", args.recipe, *args.overrides, "--resume"])
+            print(f"forge: {e}\n  continue with: {again}", file=sys.stderr)
+        return 130
     if rank0:
-        print(f"novella: {summary['novella']}")
-        print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {summary['run_id']})")
-        if "model_uri" in summary:
-            print(f"model:   {summary['model_uri']} (version {summary['version']})")
+        print(f"novella: {result.novella}")
+        print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
+        if result.model_uri:
+            print(f"model:   {result.model_uri} (version {result.version})")
         print(f"ui:      mlflow server --backend-store-uri {recipe.tracking_uri} --host 127.0.0.1 --port 5000")
     return 0
 

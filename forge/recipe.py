@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from forge.errors import ForgeError
 from forge.recipe_data import (  # noqa: F401  (ChatFormat, GeneratedText: re-exported with the schema)
@@ -23,133 +24,14 @@ from forge.recipe_errors import apply_overrides, format_errors, line_index
 
 
 # -------------------------------------------------------------------------------------- stages
-class Optim(Strict):
-    name: Literal["adamw"] = "adamw"
-    lr: float = Field(3e-4, gt=0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0, le=1.0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0)
-    grad_clip: float | None = Field(1.0, gt=0)
+from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schema)
+    ContextExtension, MidtrainStage, NovaMixture, Optim, PretrainStage, Schedule, SoupStage, TrainSettings,
+    stage_union,
+)
+from forge.stages import KINDS  # noqa: E402
 
-    @model_validator(mode="after")
-    def _betas(self) -> "Optim":
-        if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
-        return self
-
-
-class Schedule(Strict):
-    kind: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-
-
-class EvalSettings(Strict):
-    every: int = Field(0, ge=0, description="steps between evaluations; 0 = only at the end")
-    max_blocks: int = Field(32, gt=0)
-
-
-class CheckpointSettings(Strict):
-    every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
-
-
-class NovaMixture(Strict):
-    """Nova-style mixture: percentages of customer data plus curated categories, adding to 100."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    customer: dict[str, float] = Field(min_length=1)
-    curated: dict[str, float] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _hundred(self) -> "NovaMixture":
-        both = sorted(set(self.customer) & set(self.curated))
-        if both:
-            raise ValueError(f"{both} listed under both customer and curated; give each source once")
-        total = sum(self.customer.values()) + sum(self.curated.values())
-        if abs(total - 100.0) > 1e-6:
-            raise ValueError(f"customer and curated percentages must add to 100, they add to {total:g}")
-        return self
-
-    def weights(self) -> dict[str, float]:
-        return {**self.customer, **self.curated}
-
-
-def _mixture_kind(value: Any) -> str:
-    is_nova = isinstance(value, (dict, NovaMixture)) and ("customer" in value if isinstance(value, dict) else True)
-    return "<nova>" if is_nova else "<weights>"
-
-
-Mixture = Annotated[
-    Union[Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Tag("<weights>")],
-          Annotated[NovaMixture, Tag("<nova>")]],
-    Discriminator(_mixture_kind),
-]
-
-
-class PretrainStage(Strict):
-    """Continued pretraining / mid-training: causal-LM loss over packed token blocks."""
-
-    kind: Literal["pretrain"]
-    name: str = Field(pattern=NAME)
-    mixture: Mixture = Field(description="{source: weight} or {customer: {...}, curated: {...}} in percent")
-    max_repeats: int | None = Field(None, ge=0, description="times a source may start over; None = no limit")
-    on_exhausted: Literal["fail", "rebalance"] = Field(
-        "fail", description="past max_repeats: stop, or share its weight among the other sources")
-    max_tokens: int | None = Field(None, gt=0)
-    max_steps: int | None = Field(None, gt=0)
-    seq_len: int = Field(256, ge=8, le=1_048_576)
-    batch_size: int = Field(8, gt=0)
-    grad_accum: int = Field(1, gt=0)
-    optim: Optim = Optim()
-    schedule: Schedule = Schedule()
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    seed: int = 0
-    separator: Literal["eos", "bos"] = "eos"
-    eval: EvalSettings = EvalSettings()
-    checkpoint: CheckpointSettings = CheckpointSettings()
-    log_every: int = Field(1, gt=0)
-
-    @model_validator(mode="after")
-    def _budget(self) -> "PretrainStage":
-        if (self.max_tokens is None) == (self.max_steps is None):
-            raise ValueError("give exactly one of 'max_tokens' or 'max_steps'")
-        bad = {k: v for k, v in self.weights.items() if not v > 0}
-        if not self.weights:
-            raise ValueError("mixture: give at least one source")
-        if bad:
-            raise ValueError(f"mixture weights must be > 0, got {bad}")
-        if self.schedule.warmup_steps and self.max_steps and self.schedule.warmup_steps >= self.max_steps:
-            raise ValueError(
-                f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below max_steps ({self.max_steps})"
-            )
-        return self
-
-    @property
-    def weights(self) -> dict[str, float]:
-        """The mixture as {source: weight} (percentages are weights too)."""
-        return self.mixture.weights() if isinstance(self.mixture, NovaMixture) else dict(self.mixture)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.grad_accum * self.seq_len
-
-    def total_steps(self, world_size: int = 1) -> int:
-        if self.max_steps is not None:
-            return self.max_steps
-        per_step = self.tokens_per_step * world_size
-        return max(1, -(-self.max_tokens // per_step))
-
-
-def _stage_kind(value: Any) -> str | None:
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return f"<{kind}>" if kind in STAGE_KINDS else None
-
-
-STAGE_KINDS = ("pretrain",)
-# Tags in <brackets> cannot clash with user names in error paths (recipe_errors strips them).
-Stage = Annotated[Union[Annotated[PretrainStage, Tag("<pretrain>")]],
-                  Discriminator(_stage_kind, custom_error_type="stage_kind",
-                                custom_error_message=f"'kind' must be one of {list(STAGE_KINDS)}")]
+STAGE_KINDS = tuple(KINDS)
+Stage = stage_union({name: k.settings for name, k in KINDS.items()})
 
 
 # ---------------------------------------------------------------------------------------- base
@@ -231,42 +113,22 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _cross_refs(self) -> "Recipe":
-        problems = []
-        for i, stage in enumerate(self.stages):
-            nova = isinstance(stage.mixture, NovaMixture)
-            for src in stage.weights:
-                if src not in self.data:
-                    group = ("customer." if src in stage.mixture.customer else "curated.") if nova else ""
-                    problems.append(
-                        f"stages[{i}].mixture.{group}{src}: unknown data source; known: {sorted(self.data)}"
-                    )
-        for j, src in enumerate(self.hygiene.decontaminate_against):
-            if src not in self.data:
-                problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
-        evals = set(self.hygiene.decontaminate_against)
-        for i, stage in enumerate(self.stages):
-            for src in stage.weights:
-                if src in evals:
-                    problems.append(f"stages[{i}].mixture.{src}: is an evaluation set "
-                                    "(hygiene.decontaminate_against); a stage must not train on it")
-                cfg = self.data.get(src)
-                if cfg is not None and cfg.chat is not None and stage.kind == "pretrain":
-                    problems.append(f"stages[{i}].mixture.{src}: data.{src} holds chat records (chat: ...), "
-                                    "which a pretrain stage does not read; give it plain text")
+        problems = _data_problems(self)
         names = [s.name for s in self.stages]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             problems.append(f"stages: stage names must be unique, repeated: {dupes}")
+        for i, stage in enumerate(self.stages):
+            if isinstance(stage, SoupStage):
+                for j, ing in enumerate(stage.ingredients):
+                    if ing in names[i:]:
+                        problems.append(f"stages[{i}].ingredients[{j}]: stage {ing!r} does not run before "
+                                        f"{stage.name!r}; a soup takes earlier stages or checkpoint folders")
         if isinstance(self.base, Base):
             for src in self.base.scratch.tokenizer_sources:
                 if src not in self.data:
                     problems.append(f"base.scratch.tokenizer_sources: unknown data source {src!r}")
-            for i, stage in enumerate(self.stages):
-                if stage.seq_len > self.base.scratch.max_position:
-                    problems.append(
-                        f"stages[{i}].seq_len: {stage.seq_len} exceeds base.scratch.max_position "
-                        f"({self.base.scratch.max_position})"
-                    )
+            problems += context_problems(self.stages, self.base.scratch.max_position, "base.scratch.max_position")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -281,6 +143,47 @@ class Recipe(Strict):
 
 
 # ------------------------------------------------------------------------------------ loading
+def _data_problems(recipe: "Recipe") -> list[str]:
+    """Every source a stage names exists, is not an evaluation set, and has the form the stage reads."""
+    problems = []
+    for j, src in enumerate(recipe.hygiene.decontaminate_against):
+        if src not in recipe.data:
+            problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
+    evals = set(recipe.hygiene.decontaminate_against)
+    for i, stage in enumerate(recipe.stages):
+        if not isinstance(stage, PretrainStage):
+            continue
+        nova = isinstance(stage.mixture, NovaMixture)
+        for src in stage.weights:
+            group = ("customer." if src in stage.mixture.customer else "curated.") if nova else ""
+            cfg = recipe.data.get(src)
+            if cfg is None:
+                problems.append(f"stages[{i}].mixture.{group}{src}: unknown data source; known: {sorted(recipe.data)}")
+            elif src in evals:
+                problems.append(f"stages[{i}].mixture.{src}: is an evaluation set "
+                                "(hygiene.decontaminate_against); a stage must not train on it")
+            elif cfg.chat is not None:
+                problems.append(f"stages[{i}].mixture.{src}: data.{src} holds chat records (chat: ...), "
+                                f"which a {stage.kind} stage does not read; give it plain text")
+    return problems
+
+
+def context_problems(stages: list, context: int | None, origin: str) -> list[str]:
+    """Each stage's seq_len fits the context the model has when the stage starts; a midtrain stage
+    with a `context:` block extends it (and the stages after it then have the longer context)."""
+    problems = []
+    for i, stage in enumerate(stages):
+        if isinstance(stage, MidtrainStage) and stage.context is not None:
+            context, origin = stage.context_length(), f"stages[{i}].context"
+            if stage.seq_len > context:
+                problems.append(f"stages[{i}].seq_len: {stage.seq_len} exceeds context.max_position ({context})")
+        elif isinstance(stage, TrainSettings) and context and stage.seq_len > context:
+            problems.append(f"stages[{i}].seq_len: {stage.seq_len} exceeds the model's context ({context}, "
+                            f"from {origin}); extend it in a midtrain stage with a context: block "
+                            "(rope_theta and/or rope_scaling)")
+    return problems
+
+
 def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
     problems = []
 
@@ -294,17 +197,34 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
                 f"{at(('base',))}: base: {recipe.base!r} is not a Hugging Face checkpoint folder "
                 "(expected a directory holding config.json)"
             )
+        else:
+            context = _config_context(base / "config.json")
+            problems += [f"{where}: {p}" for p in context_problems(recipe.stages, context, f"{base}/config.json")]
     elif isinstance(recipe.base, str):
         problems.append(
             f"{at(('base',))}: base: catalog references ({recipe.base!r}) are not available yet; "
             "give a local checkpoint folder or base.scratch"
         )
+    stage_names = {s.name for s in recipe.stages}
+    for i, stage in enumerate(recipe.stages):
+        for j, ing in enumerate(stage.ingredients if isinstance(stage, SoupStage) else []):
+            if ing not in stage_names and not (Path(ing) / "config.json").is_file():
+                problems.append(f"{at(('stages', i, 'ingredients', j))}: stages[{i}].ingredients[{j}]: {ing!r} is "
+                                "neither an earlier stage nor a checkpoint folder holding config.json")
     for name, src in recipe.data.items():
         if src.path is None:
             continue
         if not (Path(src.path).exists() or glob.glob(src.path)):
             problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: no file, folder or glob match for {src.path!r}")
     return problems
+
+
+def _config_context(config: Path) -> int | None:
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # an unreadable config is reported where the model is loaded
+    return value if isinstance(value, int) else None
 
 
 def _resolve_paths(raw: dict, root: Path) -> dict:
@@ -320,6 +240,10 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         out["base"] = fix(out["base"])
     if isinstance(out.get("output"), str):
         out["output"] = fix(out["output"])
+    for stage in out.get("stages") or [] if isinstance(out.get("stages"), list) else []:
+        ings = stage.get("ingredients") if isinstance(stage, dict) else None
+        if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
+            stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src["path"] = fix(src["path"])

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 
-NAME = r"^[A-Za-z0-9_.-]+$"  # names of stages and data sources (they become MLflow keys and file names)
+NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"  # names of stages and data sources (they become MLflow keys and file names)
 
 
 class Strict(BaseModel):

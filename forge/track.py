@@ -59,19 +59,27 @@ class Tracker:
 
     # ---------------------------------------------------------------------------- runs
     @contextlib.contextmanager
-    def run(self, name: str, tags: dict[str, str] | None = None) -> Iterator[str | None]:
-        """A run (nested under the active one, if any); FAILED with the message if the body raises."""
+    def run(self, name: str, tags: dict[str, str] | None = None, run_id: str | None = None) -> Iterator[str | None]:
+        """A run (nested under the active one, if any); FAILED with the message if the body raises,
+        KILLED if it was interrupted. `run_id`: reopen that run (a resumed stage continues its
+        own run, its metrics continuing from the step it stopped at)."""
         if not self.enabled:
             yield None
             return
         mlflow = self._mlflow
         nested = mlflow.active_run() is not None
-        run = mlflow.start_run(run_name=name, nested=nested, tags=tags)
+        if run_id is not None:
+            run = mlflow.start_run(run_id=run_id, nested=nested)
+            if tags:
+                mlflow.set_tags(tags)
+        else:
+            run = mlflow.start_run(run_name=name, nested=nested, tags=tags)
         status = "FINISHED"
         try:
             yield run.info.run_id
         except BaseException as e:
-            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "stopped_on_request", False)
+            status = "KILLED" if stopped else "FAILED"
             message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
             if isinstance(e, SystemExit):
                 message = f"stopped with exit status {e.code} (terminated, or another process of the launch failed)"
@@ -84,6 +92,24 @@ class Tracker:
                 mlflow.flush_async_logging()
             finally:
                 mlflow.end_run(status)
+
+    def run_status(self, run_id: str) -> str | None:
+        """'RUNNING', 'FINISHED', 'FAILED' or 'KILLED'; None if the store has no such run."""
+        if not self.enabled:
+            return None
+        try:
+            return self._mlflow.MlflowClient().get_run(run_id).info.status
+        except self._mlflow.exceptions.MlflowException:
+            return None
+
+    def end_stale(self, run_id: str, message: str) -> None:
+        """Mark a run that a killed process left RUNNING as FAILED, saying why."""
+        if not self.enabled:
+            return
+        client = self._mlflow.MlflowClient()
+        client.set_tag(run_id, "error", message[:5000])
+        client.set_tag(run_id, "mlflow.note.content", f"Failed: {message[:5000]}")
+        client.set_terminated(run_id, "FAILED")
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.enabled:

@@ -34,6 +34,17 @@ def pretrain_stage(name="cpt", mixture=None, **kw) -> dict:
     return stage
 
 
+def run_stage(stage, checkpoint, sources, out, tracker=None, resume=False, outputs=None):
+    """Run one stage directly (no pipeline), as the runner would."""
+    from forge.stages import KINDS
+    from forge.stages.result import StageInputs
+    from forge.track import null_tracker
+
+    inputs = StageInputs(Path(checkpoint), sources, Path(out), tracker or null_tracker(), resume, outputs or {},
+                         lambda *_: None)
+    return KINDS[stage.kind].runner()(stage, inputs)
+
+
 def write_recipe(path: Path, recipe: dict) -> Path:
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path

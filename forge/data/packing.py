@@ -1,11 +1,11 @@
-"""Packing whole SFT examples into fixed-length blocks, the per-batch padding baseline, and the loss.
+"""Packing whole SFT examples into fixed-length blocks, and the per-batch padding baseline.
 
 Best-fit decreasing puts each example, longest first, into the open block with the least room that
 still fits it. Position ids restart at 0 for every example, and packed batches carry no attention
 mask: transformers then builds a block-diagonal causal mask from the restarting position ids
 (`masking_utils.find_packed_sequence_indices`; flash-attention derives `cu_seqlens` from them the
 same way), so attention stays inside each example and packed and unpacked training give the same
-loss. `sft_loss` is the token-level mean over labelled tokens, the same definition for both.
+loss (forge.train.losses.masked_lm_loss: the token-level mean over labelled tokens).
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 IGNORE = -100
 
@@ -110,29 +109,3 @@ def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[lis
         batches.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
                         "attention_mask": torch.tensor(mask)})
     return batches, (real / total if total else 0.0)
-
-
-def sft_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of token losses, number of labelled tokens) for a packed or a padded batch.
-
-    Sum and count (rather than a mean) let gradient accumulation and data-parallel ranks divide by
-    the global token count, so the loss does not depend on how examples were grouped.
-    """
-    kwargs = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
-    if "position_ids" in batch:
-        if "attention_mask" in batch:
-            raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
-        kwargs["position_ids"] = batch["position_ids"]
-    elif "attention_mask" in batch:
-        kwargs["attention_mask"] = batch["attention_mask"]
-    logits = model(**kwargs).logits[:, :-1].float()
-    labels = batch["labels"][:, 1:].to(logits.device)
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                            ignore_index=IGNORE, reduction="sum")
-    return total, (labels != IGNORE).sum()
-
-
-def sft_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean loss over the batch's labelled tokens."""
-    total, count = sft_loss_sum(model, batch)
-    return total / count.clamp(min=1)

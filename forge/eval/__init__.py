@@ -1,1 +1,1 @@
-"""forge.eval"""
+"""Evaluation of models against held-out data (forge.eval)."""

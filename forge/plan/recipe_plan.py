@@ -1,13 +1,7 @@
 """Thin adapter from a forge recipe to planner workloads: `plan_recipe(recipe, ...)`.
 
-Reads only: recipe.base (checkpoint path / preset name, or an object with .hf_config(), directly
-or as .scratch.hf_config()),
-recipe.compute.target / .chips, and per stage .name, .kind, .seq_len, .batch_size, .grad_accum,
-.max_tokens / .max_steps, .precision. Stage kinds that do not exist yet may carry optional
-fields the planner reads when present (getattr with a default, listed in _optional):
-  sft: packed (True), mean_example_len
-  dpo: pairs, cache_reference (True), epochs (1)       -- batch_size counts pairs
-  rft: prompt_len (seq_len // 4), gen_len (rest of seq_len), group_size (8), reward_model (False)
+Each stage's typed settings become a workload through the stage-kind table (forge.stages.KINDS);
+stages that do not train (a soup) have no workload and no plan.
 """
 from __future__ import annotations
 
@@ -16,10 +10,6 @@ from forge.plan import workloads as W
 from forge.plan.hardware import load_catalog, parse_targets
 from forge.plan.model import load_model_config
 from forge.plan.planner import StagePlan, plan_stage
-
-
-def _optional(stage, name: str, default):
-    return getattr(stage, name, default)
 
 
 def recipe_model_config(recipe) -> dict:
@@ -36,40 +26,20 @@ def recipe_model_config(recipe) -> dict:
     return load_model_config(base)
 
 
-def stage_workload(stage, dp_world: int = 1, precision: str | None = None) -> W.Workload:
-    """One recipe stage as a Workload. Global batch = batch_size * grad_accum * dp_world."""
-    kind = W.normalize_kind(stage.kind)
-    seq = int(stage.seq_len)
-    batch = int(stage.batch_size) * int(getattr(stage, "grad_accum", 1) or 1) * max(1, dp_world)
-    tokens, steps = getattr(stage, "max_tokens", None), getattr(stage, "max_steps", None)
-    prec = precision or getattr(stage, "precision", None) or "bf16"
-    name = str(stage.name)
-    if kind in ("pretrain", "midtrain"):
-        return W.pretrain(name, seq, batch, tokens, steps, prec, kind=kind)
-    if kind == "sft":
-        return W.sft(name, seq, batch, tokens, steps, prec, packed=bool(_optional(stage, "packed", True)),
-                     mean_example_len=_optional(stage, "mean_example_len", None))
-    if kind == "dpo":
-        pairs = _optional(stage, "pairs", None) or (tokens / (2 * seq) if tokens else None)
-        return W.dpo(name, seq, batch, pairs, steps, prec,
-                     cached_reference=bool(_optional(stage, "cache_reference", True)),
-                     epochs=int(_optional(stage, "epochs", 1)))
-    prompt = int(_optional(stage, "prompt_len", seq // 4))
-    gen = int(_optional(stage, "gen_len", seq - prompt))
-    group = int(_optional(stage, "group_size", 8))
-    if not steps:
-        if not tokens:
-            raise ForgeError(f"stage {name!r}: give max_steps (or max_tokens) for the planner")
-        steps = max(1, int(tokens // (batch * gen)))
-    return W.rft(name, prompt, gen, max(1, batch // group), group, int(steps), prec,
-                 reward_model=bool(_optional(stage, "reward_model", False)))
+def stage_workload(stage, dp_world: int = 1, precision: str | None = None) -> W.Workload | None:
+    """One recipe stage as a Workload (None for a stage that does not train).
+    Global batch = batch_size * grad_accum * dp_world."""
+    from forge.stages import KINDS
+
+    build = KINDS[stage.kind].workload
+    return build(stage, dp_world, precision) if build is not None else None
 
 
 def plan_recipe(recipe, target: str | None = None, chips: int | None = None, deadline_h: float | None = None,
                 budget_usd: float | None = None, mfu: float | None = None, precision: str | None = None,
                 catalog: dict | None = None) -> list[StagePlan]:
-    """Plan every stage of `recipe` on `target` (default: recipe.compute.target; a comma list
-    'trn3,trn2,h100:64' compares several). Returns one StagePlan per (stage, target)."""
+    """Plan every training stage of `recipe` on `target` (default: recipe.compute.target; a comma
+    list 'trn3,trn2,h100:64' compares several). Returns one StagePlan per (stage, target)."""
     compute = getattr(recipe, "compute", None)
     own_target = getattr(compute, "target", None) or "local"
     own_chips = getattr(compute, "chips", None)
@@ -79,6 +49,8 @@ def plan_recipe(recipe, target: str | None = None, chips: int | None = None, dea
     plans = []
     for stage in recipe.stages:
         wl = stage_workload(stage, own_chips or 1, precision)
+        if wl is None:
+            continue
         for name, per_target_chips in targets:
             n = chips or per_target_chips or (own_chips if name == own_target else None)
             plans.append(plan_stage(config, wl, name, n, deadline_h, budget_usd, mfu, catalog))

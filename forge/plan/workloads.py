@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from forge.errors import ForgeError
 
-STAGE_KINDS = ("pretrain", "midtrain", "sft", "dpo", "rft")
+# What the planner can model (a superset of the recipe's stage kinds, which forge.stages.KINDS lists:
+# `forge plan --stage sft` works before an SFT stage exists). Not a list of recipe stage kinds.
+WORKLOAD_KINDS = ("pretrain", "midtrain", "sft", "dpo", "rft")
 KIND_ALIASES = {"mid-train": "midtrain", "cpt": "pretrain", "continued-pretraining": "pretrain",
                 "grpo": "rft", "rl": "rft"}
 
@@ -49,8 +51,8 @@ class Workload:
 
 def normalize_kind(kind: str) -> str:
     k = KIND_ALIASES.get(kind.lower(), kind.lower())
-    if k not in STAGE_KINDS:
-        raise ForgeError(f"unknown stage kind {kind!r}; the planner knows {', '.join(STAGE_KINDS)}")
+    if k not in WORKLOAD_KINDS:
+        raise ForgeError(f"unknown stage kind {kind!r}; the planner knows {', '.join(WORKLOAD_KINDS)}")
     return k
 
 

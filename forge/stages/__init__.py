@@ -1,11 +1,50 @@
-"""Stages: each takes (input checkpoint, data, settings) and returns an output checkpoint + metrics."""
+"""Stage kinds: the ONE table of what each kind is (settings class, stage module, planner workload).
+
+The recipe schema builds `stages[i]` from it, the pipeline finds a stage's `run` through it, and the
+planner turns a stage's typed settings into a workload with it. Adding a kind means one settings
+class (forge/recipe_train.py), one stage file, one workload function here, and one row below.
+
+A stage is `run(stage, inputs: StageInputs) -> StageResult` (forge/stages/result.py): it takes a
+checkpoint, data and settings and returns a checkpoint and metrics; it never knows its neighbours.
+"""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import Callable
 
-KINDS = {"pretrain": "forge.stages.pretrain"}
+from forge.plan import workloads as W
+from forge.recipe_train import MidtrainStage, PretrainStage, SoupStage, TrainSettings
 
 
-def runner(kind: str):
-    """The `run` function of a stage kind (imported on demand)."""
-    return importlib.import_module(KINDS[kind]).run
+def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> W.Workload:
+    """Causal-LM training over packed blocks: every token trained (pretrain and midtrain)."""
+    batch = stage.batch_size * stage.grad_accum * max(1, dp_world)
+    return W.pretrain(stage.name, stage.seq_len, batch, stage.max_tokens, stage.max_steps,
+                      precision or stage.precision, kind=stage.kind)
+
+
+@dataclass(frozen=True)
+class Kind:
+    settings: type
+    module: str  # holds run(stage, inputs) -> StageResult; imported on demand (torch is heavy)
+    workload: Callable[[object, int, str | None], W.Workload] | None  # None: no training to plan
+
+    def runner(self):
+        return importlib.import_module(self.module).run
+
+
+KINDS: dict[str, Kind] = {
+    "pretrain": Kind(PretrainStage, "forge.stages.pretrain", _lm_workload),
+    "midtrain": Kind(MidtrainStage, "forge.stages.pretrain", _lm_workload),
+    "soup": Kind(SoupStage, "forge.stages.soup", None),
+}
+
+
+def kind(stage) -> Kind:
+    return KINDS[stage.kind]
+
+
+def trains(stage) -> bool:
+    """Whether the stage runs a training loop (and so has a plan, steps and tokens)."""
+    return isinstance(stage, TrainSettings)

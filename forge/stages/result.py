@@ -1,23 +1,34 @@
-"""What every stage returns: its final checkpoint, metrics, tokens per source and extras."""
+"""What a stage receives (StageInputs) and returns (StageResult), the same for every kind."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class StageInputs:
+    checkpoint: Path                      # the checkpoint this stage starts from
+    sources: dict                         # data source name -> forge.data.sources.Source
+    out_dir: Path                         # stages/<name>: final/ and checkpoints/ go here
+    tracker: object                       # forge.track.Tracker (or a fake with the same methods)
+    resume: bool = False                  # continue from the newest checkpoint in out_dir
+    outputs: dict[str, Path] = field(default_factory=dict)  # earlier stages' checkpoints, by name
+    log: Callable = print
 
 
 @dataclass
 class StageResult:
     checkpoint: Path
     metrics: dict[str, float]
-    tokens_by_source: dict[str, int]
-    repeats: dict[str, int]
-    steps: int
-    extra: dict = field(default_factory=dict)
+    steps: int = 0
+    tokens_by_source: dict[str, int] = field(default_factory=dict)
+    lineage: dict = field(default_factory=dict)  # what the stage adds to its lineage record
 
     def as_dict(self) -> dict:
-        return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "tokens_by_source": self.tokens_by_source,
-                "repeats": self.repeats, "steps": self.steps, "extra": self.extra}
+        return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "steps": self.steps,
+                "tokens_by_source": self.tokens_by_source, "lineage": self.lineage}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StageResult":
-        return cls(Path(d["checkpoint"]), d["metrics"], d["tokens_by_source"], d["repeats"], d["steps"], d["extra"])
+        return cls(Path(d["checkpoint"]), d["metrics"], d["steps"], d["tokens_by_source"], d["lineage"])

@@ -1,18 +1,24 @@
 """Checkpoints in Hugging Face format, written atomically (a crash never leaves half a folder),
-plus what an exact resume needs: optimizer and scheduler state, RNG states, the data position."""
+plus what an exact resume needs: optimizer and scheduler state, RNG states, the data position.
+
+A checkpoint folder holds the model (safetensors), the tokenizer, `forge_state.json` (step,
+tokens, metrics, data position; a final checkpoint also its stage result) and `training_state.pt`
+(optimizer, scheduler, RNG), read back with `weights_only=True`: no pickled code is ever loaded.
+"""
 from __future__ import annotations
 
 import json
-import random
+import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from forge.files import atomic_dir
 
-STATE = "forge_state.json"      # step, data loader position, stage result when final
-TRAINING = "training_state.pt"  # optimizer, scheduler, RNG: intermediate checkpoints only
+STATE = "forge_state.json"      # step, tokens, metrics, data position; the stage result when final
+TRAINING = "training_state.pt"  # optimizer, scheduler, RNG
+_TENSOR_PARTS = ("optimizer", "scheduler", "rng")
+_STEP = re.compile(r"step-(\d+)")
 
 
 def save_checkpoint(model, tokenizer, path: Path, state: dict | None = None, training: dict | None = None) -> Path:
@@ -27,26 +33,31 @@ def save_checkpoint(model, tokenizer, path: Path, state: dict | None = None, tra
     return Path(path)
 
 
-def training_state(optimizer, scheduler) -> dict:
-    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}}
+def split_state(state: dict) -> tuple[dict, dict]:
+    """A TrainState's state_dict as (JSON part, tensor part)."""
+    return ({k: v for k, v in state.items() if k not in _TENSOR_PARTS},
+            {k: v for k, v in state.items() if k in _TENSOR_PARTS})
 
 
-def restore_training_state(path: Path, optimizer, scheduler) -> dict:
-    """Load optimizer, scheduler and RNG states saved at `path`; return its forge_state.json."""
-    training = torch.load(Path(path) / TRAINING, weights_only=False)  # our own file: RNG states are tuples
-    optimizer.load_state_dict(training["optimizer"])
-    scheduler.load_state_dict(training["scheduler"])
-    torch.set_rng_state(training["rng"]["torch"])
-    random.setstate(training["rng"]["python"])
-    np.random.set_state(training["rng"]["numpy"])
-    return json.loads((Path(path) / STATE).read_text())
+def load_state(path: Path) -> dict:
+    """The whole saved TrainState of a checkpoint folder (both files)."""
+    state = json.loads((Path(path) / STATE).read_text())
+    state.update(torch.load(Path(path) / TRAINING, weights_only=True))
+    return state
+
+
+def load_optimizer_state(path: Path) -> dict | None:
+    """The optimizer moments a checkpoint kept (for optim.carry_over), or None."""
+    file = Path(path) / TRAINING
+    return torch.load(file, weights_only=True).get("optimizer") if file.is_file() else None
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest complete resume point under `folder` (step-NNNNNNN folders), if any."""
-    steps = sorted(p for p in Path(folder).glob("step-*") if (p / TRAINING).is_file() and (p / STATE).is_file())
-    return steps[-1] if steps else None
+    """The newest complete resume point under `folder`: `step-NNNNNNN` folders only (never a
+    `.partial` or `.old` one a crash left behind)."""
+    steps = [p for p in Path(folder).glob("step-*")
+             if _STEP.fullmatch(p.name) and (p / TRAINING).is_file() and (p / STATE).is_file()]
+    return max(steps, key=lambda p: int(_STEP.fullmatch(p.name).group(1))) if steps else None
 
 
 def finished_result(final: Path) -> dict | None:

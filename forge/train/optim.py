@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedules shared by every stage."""
+"""Optimizer, optimizer carry-over and learning-rate schedules shared by every stage."""
 from __future__ import annotations
 
 import math
@@ -19,14 +19,28 @@ def build_optimizer(model: torch.nn.Module, cfg: Optim) -> torch.optim.Optimizer
 
 
 def lr_factor(step: int, total: int, cfg: Schedule) -> float:
-    """Multiplier on the peak LR at `step` (0-based): linear warmup, then cosine/linear/constant."""
+    """Multiplier on the peak LR at `step` (0-based): linear warmup, then the schedule's shape.
+
+    Progress runs from 0 after warmup to 1 at `total` (one past the last step), so the rate after
+    the final step is the schedule's floor: min_lr_ratio, or 0 for `anneal`."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.kind == "constant":
         return 1.0
+    floor = cfg.min_lr_ratio
+    if cfg.kind == "wsd":  # warmup-stable-decay (Hu et al. 2024, MiniCPM; Hägele et al. 2024)
+        decay_steps = max(1, round(cfg.decay_fraction * total))
+        start = max(cfg.warmup_steps, total - decay_steps)
+        if step < start:
+            return 1.0
+        progress = min(1.0, (step - start) / max(1, total - start))
+        shape = {"linear": 1 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
+                 "sqrt": 1 - math.sqrt(progress)}[cfg.decay]
+        return floor + (1 - floor) * shape
     span = max(1, total - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.min_lr_ratio
+    if cfg.kind == "anneal":  # linear to zero (the ramp-down of a constant-LR run)
+        return 1 - progress
     if cfg.kind == "linear":
         return floor + (1 - floor) * (1 - progress)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -34,3 +48,19 @@ def lr_factor(step: int, total: int, cfg: Schedule) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: Schedule):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
+
+
+def carry_over(optimizer: torch.optim.Optimizer, saved: dict, cfg: Optim, where: str) -> None:
+    """Start from a previous stage's optimizer moments (Adam's m and v and step counts), keeping
+    this stage's hyper-parameters (lr, betas, eps, weight decay)."""
+    from forge.errors import ForgeError
+
+    keep = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(saved)
+    except (ValueError, KeyError) as e:
+        raise ForgeError(f"{where}: optim.carry_over: the input's optimizer state does not match this model ({e})") from None
+    for group, mine in zip(optimizer.param_groups, keep):
+        for key in set(group) - set(mine) - {"params"}:  # e.g. the old schedule's initial_lr
+            del group[key]
+        group.update(mine)

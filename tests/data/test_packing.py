@@ -8,8 +8,13 @@ import torch
 
 from forge.data.formats import FormatSpec, FormatStats, sft_examples
 from forge.data.packing import (
-    collate, pack_best_fit, pack_next_fit, pack_stream, packing_efficiency, pad_batches, sft_loss, sft_loss_sum,
+    collate, pack_best_fit, pack_next_fit, pack_stream, packing_efficiency, pad_batches,
 )
+from forge.train.losses import masked_lm_loss, masked_lm_loss_sum
+
+
+def _mean_loss(model, batch):
+    return masked_lm_loss(model, batch)
 
 PAD = 3
 
@@ -104,16 +109,16 @@ def test_packed_and_unpacked_losses_are_equal(sft_data, attn):
     blocks = pack_best_fit(examples, 256, tok.pad_token_id)
     assert len(blocks) < len(examples) and sum(len(b["lengths"]) > 2 for b in blocks) >= 2
     with torch.no_grad():
-        one = [sft_loss_sum(model, {"input_ids": torch.tensor([e["input_ids"]]),
+        one = [masked_lm_loss_sum(model, {"input_ids": torch.tensor([e["input_ids"]]),
                                     "labels": torch.tensor([e["labels"]])}) for e in examples]
         ref = sum(s for s, _ in one) / sum(n for _, n in one)
-        packed = sft_loss(model, collate(blocks))
-        padded_parts = [sft_loss_sum(model, b) for b in pad_batches(examples, 4, tok.pad_token_id)[0]]
+        packed = _mean_loss(model, collate(blocks))
+        padded_parts = [masked_lm_loss_sum(model, b) for b in pad_batches(examples, 4, tok.pad_token_id)[0]]
         padded = sum(s for s, _ in padded_parts) / sum(n for _, n in padded_parts)
         # control: the same blocks with positions running on (one causal sequence per block) differ
         batch = collate(blocks)
         batch["position_ids"] = torch.arange(256).expand(len(blocks), -1)
-        leaky = sft_loss(model, batch)
+        leaky = _mean_loss(model, batch)
     n_labels = sum(sum(x != -100 for x in e["labels"]) for e in examples)
     assert sum(n for _, n in one) == n_labels
     assert abs(packed.item() - ref.item()) < 1e-5, (packed.item(), ref.item())
@@ -124,11 +129,11 @@ def test_packed_and_unpacked_losses_are_equal(sft_data, attn):
 def test_packed_gradients_match_unpacked(sft_data):
     tok, examples = sft_data
     model = tiny_model(len(tok), "sdpa").train()
-    loss = sft_loss(model, collate(pack_best_fit(examples, 256, tok.pad_token_id)))
+    loss = _mean_loss(model, collate(pack_best_fit(examples, 256, tok.pad_token_id)))
     loss.backward()
     packed = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    sums = [sft_loss_sum(model, {"input_ids": torch.tensor([e["input_ids"]]), "labels": torch.tensor([e["labels"]])})
+    sums = [masked_lm_loss_sum(model, {"input_ids": torch.tensor([e["input_ids"]]), "labels": torch.tensor([e["labels"]])})
             for e in examples]
     (sum(s for s, _ in sums) / sum(n for _, n in sums)).backward()
     for a, p in zip(packed, model.parameters()):

@@ -93,35 +93,34 @@ def test_plot_skips_plans_that_do_not_fit(tmp_path):
     assert path.stat().st_size > 1000
 
 
-def _stage(name, kind, **kw):
-    base = dict(name=name, kind=kind, seq_len=1024, batch_size=4, grad_accum=2, max_tokens=None, max_steps=10,
-                precision="bf16")
-    base.update(kw)
-    return SimpleNamespace(**base)
+def test_plan_recipe_dispatches_on_typed_stage_settings(tmp_path):
+    from forge.recipe import MidtrainStage, PretrainStage, SoupStage
 
-
-def test_plan_recipe_with_stand_in_objects(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    common = {"seq_len": 8192, "batch_size": 4, "grad_accum": 2, "precision": "bf16"}
     recipe = SimpleNamespace(
         base=str(tmp_path),
         compute=SimpleNamespace(target="trn2-ultraserver", chips=64),
-        stages=[_stage("cpt", "pretrain", max_tokens=10**9, max_steps=None), _stage("sft", "sft"),
-                _stage("dpo", "dpo"), _stage("rl", "rft", group_size=4)])
+        stages=[PretrainStage(name="cpt", kind="pretrain", mixture={"a": 1}, max_tokens=10**9, **common),
+                MidtrainStage(name="mid", kind="midtrain", mixture={"a": 1}, max_steps=10, **common),
+                SoupStage(name="soup", kind="soup", ingredients=["cpt", "mid"])])
     plans = plan_recipe(recipe)
-    assert [p.stage for p in plans] == ["cpt", "sft", "dpo", "rl"]
+    assert [(p.stage, p.kind) for p in plans] == [("cpt", "pretrain"), ("mid", "midtrain")]  # a soup trains nothing
     assert all(p.feasible and p.chips == 64 and p.target == "trn2-ultraserver" for p in plans)
     assert plans[0].global_batch == 4 * 2 * 64                     # batch_size * grad_accum * chips
-    assert plans[1].steps == 10 and plans[3].generation_s_per_step > 0
+    assert plans[1].steps == 10
     both = plan_recipe(recipe, target="trn3,h100:16")
     assert [(p.stage, p.target, p.chips) for p in both][:2] == [("cpt", "trn3-ultraserver", 144),
                                                                ("cpt", "p5.48xlarge", 16)]
 
 
 def test_plan_recipe_with_a_scratch_model_on_local():
+    from forge.recipe import PretrainStage
+
     cfg = tiny_config("qwen3").to_dict()
     recipe = SimpleNamespace(base=SimpleNamespace(hf_config=lambda: cfg),
                              compute=SimpleNamespace(target="local", chips=None),
-                             stages=[_stage("tiny", "pretrain", seq_len=64, batch_size=8, grad_accum=1,
-                                            precision="fp32")])
+                             stages=[PretrainStage(name="tiny", kind="pretrain", mixture={"a": 1}, max_steps=10,
+                                                   seq_len=64, batch_size=8, grad_accum=1, precision="fp32")])
     (plan,) = plan_recipe(recipe)
     assert plan.feasible and plan.target == "local" and plan.chips == 1 and plan.global_batch == 8

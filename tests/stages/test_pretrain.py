@@ -6,10 +6,9 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from forge_testing import pretrain_stage
+from forge_testing import pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.recipe import PretrainStage
-from forge.stages import pretrain
 
 
 class FakeTracker:
@@ -35,7 +34,7 @@ def _stage(**kw) -> PretrainStage:
 
 def _run(stage, ckpt, sources, out):
     tracker = FakeTracker()
-    return pretrain.run(stage, ckpt, sources, out, tracker), tracker
+    return run_stage(stage, ckpt, sources, out, tracker), tracker
 
 
 def test_loss_goes_down_and_eval_improves(tmp_path, tiny_checkpoint, generated_sources):

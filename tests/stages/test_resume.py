@@ -9,9 +9,7 @@ from safetensors.torch import load_file
 from forge import cli
 from forge.data.mixing import MixedBlocks
 from forge.recipe import PretrainStage, load_recipe
-from forge.stages import pretrain
-from forge.track import null_tracker
-from forge_testing import base_recipe, pretrain_stage, write_recipe
+from forge_testing import base_recipe, pretrain_stage, run_stage, write_recipe
 
 
 class Crash(RuntimeError):
@@ -34,14 +32,14 @@ def _crash_after(monkeypatch, calls: int):
 def test_resumed_stage_equals_uninterrupted(tmp_path, monkeypatch, tiny_checkpoint, generated_sources):
     stage = PretrainStage(**pretrain_stage(max_steps=6, checkpoint={"every": 2}, schedule={"kind": "cosine"},
                                            mixture={"general": 0.5, "domain": 0.5}, optim={"lr": 3e-3}))
-    straight = pretrain.run(stage, tiny_checkpoint, generated_sources, tmp_path / "a", null_tracker())
+    straight = run_stage(stage, tiny_checkpoint, generated_sources, tmp_path / "a")
 
     with monkeypatch.context() as m:
         _crash_after(m, 5)  # steps 1-5 draw batches 1-5; step 6's batch crashes, after the step-4 checkpoint
         with pytest.raises(Crash):
-            pretrain.run(stage, tiny_checkpoint, generated_sources, tmp_path / "b", null_tracker())
+            run_stage(stage, tiny_checkpoint, generated_sources, tmp_path / "b")
     assert not (tmp_path / "b" / "final").exists()
-    resumed = pretrain.run(stage, tiny_checkpoint, generated_sources, tmp_path / "b", null_tracker(), resume=True)
+    resumed = run_stage(stage, tiny_checkpoint, generated_sources, tmp_path / "b", resume=True)
 
     a = load_file(straight.checkpoint / "model.safetensors")
     b = load_file(resumed.checkpoint / "model.safetensors")

@@ -1,0 +1,111 @@
+"""Per-stage bookkeeping, the same for every stage kind: the stage's MLflow child run (reopened
+when a stage resumes), its params, plan and datasets, reuse of a stage that finished in an
+earlier run, predicted vs measured compute, and its lineage record."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from forge.inputs import Inputs
+from forge.plan.runlog import log_measured, log_stage_plan
+from forge.stages import KINDS, trains
+from forge.stages.result import StageInputs, StageResult
+from forge.train.checkpoint import finished_result
+
+RUNS_FILE = "tracking.json"  # the output folder's MLflow run ids: {"parent": id, "stages": {name: id}}
+
+
+@dataclass
+class RunIds:
+    """Which MLflow runs belong to this output folder, so a resume continues them."""
+
+    path: Path
+    parent: str | None = None
+    stages: dict[str, str] = field(default_factory=dict)
+    reopened: bool = False  # the parent run was reopened (not a new one)
+
+    @classmethod
+    def load(cls, out: Path) -> "RunIds":
+        path = out / RUNS_FILE
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        return cls(path, data.get("parent"), dict(data.get("stages", {})))
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"parent": self.parent, "stages": self.stages}, indent=2))
+        tmp.replace(self.path)
+
+    def reopenable(self, tracker) -> str | None:
+        """The parent run to continue, or None for a new one. A run still RUNNING belongs to a
+        process that was killed without a clean stop: it and its stages' runs are marked FAILED."""
+        status = tracker.run_status(self.parent) if self.parent else None
+        if status == "RUNNING":
+            for run_id in [self.parent, *self.stages.values()]:
+                if tracker.run_status(run_id) == "RUNNING":
+                    tracker.end_stale(run_id, "the process was killed (no clean stop); marked when the run resumed")
+            return None
+        self.reopened = status is not None
+        return self.parent if self.reopened else None
+
+
+@dataclass
+class PipelineState:
+    """What every stage's bookkeeping needs from the pipeline."""
+
+    tracker: object
+    inputs: Inputs
+    out: Path
+    plans: dict                 # stage name -> StagePlan on the recipe's target
+    comparison: dict            # stage name -> [StagePlan] on the reference targets
+    model_config: dict
+    runs: RunIds
+    resume: bool = False
+    single_process_main: bool = True  # rank 0 of a one-process run: measure against the local plan
+    outputs: dict[str, Path] = field(default_factory=dict)  # finished stages' checkpoints
+    log: Callable = print
+
+
+def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[StageResult, dict]:
+    """Run (or reuse) one stage inside its child run; return its result and lineage record."""
+    tracker, stage_dir = p.tracker, p.out / "stages" / stage.name
+    done = finished_result(stage_dir / "final") if p.resume else None
+    if done is not None and p.runs.reopened and stage.name in p.runs.stages:
+        p.log("  finished in an earlier run: reusing its checkpoint (and its MLflow run)")
+        result = StageResult.from_dict(done)
+    else:
+        run_id = p.runs.stages.get(stage.name) if p.runs.reopened else None
+        tags = {"forge.stage": stage.kind, "forge.stage_index": str(index)}
+        with tracker.run(stage.name, tags=tags, run_id=run_id) as child:
+            if child and child != run_id:
+                p.runs.stages[stage.name] = child
+                p.runs.save()
+                _log_setup(stage, checkpoint, p)
+            if done is not None:
+                p.log("  finished in an earlier run: reusing its checkpoint")
+                tracker.set_tags({"reused": str(stage_dir / "final")})
+                result = StageResult.from_dict(done)
+            else:
+                inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log)
+                result = KINDS[stage.kind].runner()(stage, inputs)
+            tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+            if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
+                log_measured(tracker, p.model_config, stage, result.steps, result.metrics)
+    p.outputs[stage.name] = result.checkpoint
+    record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
+              "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
+              "steps": result.steps, "tokens_by_source": result.tokens_by_source, "metrics": result.metrics,
+              **result.lineage}
+    return result, record
+
+
+def _log_setup(stage, checkpoint: Path, p: PipelineState) -> None:
+    tracker = p.tracker
+    tracker.log_params(stage.model_dump(mode="json"))
+    tracker.log_params({"input_checkpoint": str(checkpoint)})
+    if stage.name in p.plans:
+        log_stage_plan(tracker, p.plans[stage.name], p.comparison.get(stage.name, []))
+    for name, weight in stage.sources.items():
+        raw = p.inputs.raw[name]
+        tracker.log_dataset(name, raw.location, p.inputs.fingerprints[name], tags={"weight": str(weight)})

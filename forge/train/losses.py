@@ -1,0 +1,47 @@
+"""Training losses. Each returns the mean loss over a micro-batch's target tokens (0, not NaN, when it
+has none); `target_count` gives that number, so a step can weight micro-batches by their token
+counts (see forge.train.step)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100  # label of a token that carries no loss (prompts, padding, other turns)
+
+
+def causal_lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Next-token loss over full packed blocks: every position but the last predicts one token."""
+    return model(input_ids=batch, labels=batch).loss
+
+
+def masked_lm_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token losses, number of labelled tokens) for a packed or a padded batch (SFT).
+
+    A packed batch carries position_ids that restart per example (and no attention mask); a padded
+    one carries an attention mask."""
+    kwargs = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
+    if "position_ids" in batch:
+        if "attention_mask" in batch:
+            raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
+        kwargs["position_ids"] = batch["position_ids"]
+    elif "attention_mask" in batch:
+        kwargs["attention_mask"] = batch["attention_mask"]
+    logits = model(**kwargs).logits[:, :-1].float()
+    labels = batch["labels"][:, 1:].to(logits.device)
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                            ignore_index=IGNORE, reduction="sum")
+    return total, (labels != IGNORE).sum()
+
+
+def masked_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean loss over the batch's labelled tokens (0, not NaN, when it has none)."""
+    total, count = masked_lm_loss_sum(model, batch)
+    return total / count.clamp(min=1)
+
+
+def target_count(batch) -> int:
+    """Target tokens in a batch: every position but the first of a block of token ids, or the
+    labelled positions (after the first) of a dict batch with `labels`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] * (batch.shape[1] - 1)
+    return int((batch["labels"][:, 1:] != IGNORE).sum())

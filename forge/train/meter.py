@@ -1,0 +1,40 @@
+"""Throughput that counts training time only: periodic evaluation and checkpoints run inside
+`paused()`, so tokens/s and step time describe training steps (what the planner predicts)."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+
+class Meter:
+    def __init__(self, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self.started = self._window_start = time.perf_counter()
+        self.paused_seconds, self.steps, self._window_tokens = 0.0, 0, 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self._window_tokens += self.tokens_per_step
+
+    def window_tokens_per_s(self) -> float:
+        """Tokens/s since the last call (training time only)."""
+        now = time.perf_counter()
+        tps = self._window_tokens / max(now - self._window_start, 1e-9)
+        self._window_start, self._window_tokens = now, 0
+        return tps
+
+    @contextlib.contextmanager
+    def paused(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self.paused_seconds += spent
+            self._window_start += spent
+
+    def totals(self) -> dict[str, float]:
+        train = time.perf_counter() - self.started - self.paused_seconds
+        steps = max(1, self.steps)
+        return {"train_seconds": train, "tokens_per_s_mean": steps * self.tokens_per_step / max(train, 1e-9),
+                "step_time_s": train / steps, "eval_checkpoint_seconds": self.paused_seconds}

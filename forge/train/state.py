@@ -1,0 +1,52 @@
+"""Resume state: everything a stage needs to continue bitwise where it stopped, as one object
+with state_dict() / load_state_dict(): step, tokens seen, metrics so far, data position, RNG,
+optimizer, schedule and the divergence guard's window."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict:
+    """RNG states as plain types and tensors (loadable with torch.load(weights_only=True))."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+@dataclass
+class TrainState:
+    optimizer: Any
+    scheduler: Any
+    data: Any                 # the stage's data stream (state_dict / load_state_dict)
+    guard: Any = None         # forge.train.step.DivergenceGuard
+    step: int = 0             # optimizer steps done
+    tokens: int = 0           # tokens trained on (all ranks)
+    metrics: dict = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.tokens, "metrics": dict(self.metrics),
+                "data": self.data.state_dict(), "guard": self.guard.state_dict() if self.guard else None,
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens, self.metrics = state["step"], state.get("tokens", 0), dict(state["metrics"])
+        self.data.load_state_dict(state["data"])
+        if self.guard is not None and state.get("guard"):
+            self.guard.load_state_dict(state["guard"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])

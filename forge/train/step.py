@@ -1,0 +1,113 @@
+"""One optimizer step over micro-batches, and the divergence guard.
+
+The step's gradient is the sum of token losses over every micro-batch (and every rank) divided
+by the number of target tokens in the whole step, so `batch_size=2, grad_accum=4` gives the
+gradient of `batch_size=8, grad_accum=1` even when micro-batches hold different numbers of
+target tokens (OLMo-core's token-sum normalisation). Each micro-batch's mean loss is weighted by
+its share of the step's tokens; DDP averages over ranks, hence the factor `world`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from forge.errors import ForgeError
+from forge.train.losses import target_count
+
+
+class Divergence(ForgeError):
+    """Training diverged (non-finite or spiking loss) and the guard stopped the stage."""
+
+
+@dataclass
+class StepResult:
+    loss: float               # token-weighted mean loss of the step, all ranks
+    grad_norm: float | None
+    lr: float                 # the rate this step used
+    targets: int              # target tokens in the step, all ranks
+    skipped: str | None = None  # why the guard skipped the update
+
+
+class DivergenceGuard:
+    """Trips on a non-finite loss or gradient norm, or on a loss above spike_factor x the mean of
+    the last `window` accepted losses; then stops the stage or skips the batch (`action`)."""
+
+    def __init__(self, cfg, where: str):
+        self.cfg, self.where = cfg, where
+        self.recent: deque[float] = deque(maxlen=cfg.window)
+        self.skipped = 0
+        self.last_good_checkpoint = None  # set by the stage as it writes checkpoints
+
+    def problem(self, loss: float, grad_norm: float | None) -> str | None:
+        if not math.isfinite(loss):
+            return f"loss became {loss}"
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            return f"gradient norm became {grad_norm}"
+        spike = self.cfg.spike_factor
+        if spike and len(self.recent) == self.recent.maxlen:
+            mean = sum(self.recent) / len(self.recent)
+            if loss > spike * mean:
+                return f"loss {loss:.4g} spiked above {spike:g} x its running mean {mean:.4g}"
+        return None
+
+    def trip(self, step: int, why: str) -> None:
+        """Raise Divergence (action stop, or too many skips); else count a skip."""
+        self.skipped += 1
+        if self.cfg.action == "skip" and self.skipped <= self.cfg.max_skips:
+            return
+        kept = (f"last good checkpoint: {self.last_good_checkpoint}" if self.last_good_checkpoint
+                else "no checkpoint was written before it")
+        extra = f" (skipped {self.skipped - 1} step(s) before)" if self.cfg.action == "skip" else ""
+        raise Divergence(f"{self.where}: {why} at step {step}{extra}; stopped ({kept}). Lower optim.lr, "
+                         "raise guard.spike_factor, set guard.action: skip, or use precision fp32")
+
+    def accept(self, loss: float) -> None:
+        self.recent.append(loss)
+
+    def state_dict(self) -> dict:
+        return {"recent": list(self.recent), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recent.clear()
+        self.recent.extend(state["recent"])
+        self.skipped = state["skipped"]
+
+
+def train_step(session, batches: list, loss_fn: Callable, guard: DivergenceGuard, step: int) -> StepResult:
+    """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step."""
+    acc, model = session.accelerator, session.model
+    world = acc.num_processes
+    counts = [target_count(b) for b in batches]
+    local = sum(counts)
+    total = local if world == 1 else int(acc.reduce(torch.tensor(local, device=acc.device), "sum").item())
+    step_loss = torch.zeros((), device=acc.device)
+    for i, (batch, n) in enumerate(zip(batches, counts)):
+        last = i == len(batches) - 1
+        batch = batch.to(acc.device) if isinstance(batch, torch.Tensor) else {k: v.to(acc.device) for k, v in batch.items()}
+        with (contextlib.nullcontext() if last else acc.no_sync(model)):
+            with acc.autocast():
+                mean = loss_fn(model, batch)
+            loss = mean * (n * world / max(total, 1))
+            acc.backward(loss)
+        step_loss += loss.detach()
+    loss_value = acc.reduce(step_loss, "mean").item()  # every rank sees the same value
+    grad_norm = None
+    why = guard.problem(loss_value, None)
+    if why is None:
+        clip = session.settings.optim.grad_clip
+        grad_norm = float(acc.clip_grad_norm_(model.parameters(), clip if clip else float("inf")))
+        why = guard.problem(loss_value, grad_norm)
+    lr = session.scheduler.get_last_lr()[0]
+    if why is None:
+        session.optimizer.step()
+        guard.accept(loss_value)
+    else:
+        guard.trip(step, why)  # raises unless the batch is to be skipped
+    session.scheduler.step()
+    session.optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_value, grad_norm, lr, total, why)

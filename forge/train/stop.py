@@ -1,0 +1,59 @@
+"""Graceful stop: the first SIGINT or SIGTERM asks the training loop to finish its step, write a
+resumable checkpoint and stop; a second one stops at once."""
+from __future__ import annotations
+
+import signal
+import sys
+
+from forge.errors import ForgeError
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequested(ForgeError):
+    """A stage stopped on a signal after writing a resumable checkpoint."""
+
+    stopped_on_request = True  # forge.track ends the runs KILLED, not FAILED
+
+    def __init__(self, stage: str, step: int, checkpoint):
+        self.stage, self.step, self.checkpoint = stage, step, checkpoint
+        super().__init__(f"stage {stage}: stopped on request after step {step}; "
+                         f"resumable checkpoint: {checkpoint}")
+
+
+class GracefulStop:
+    """While active (a `with` block in the main thread), signals set `requested` instead of killing."""
+
+    def __init__(self, announce=lambda msg: print(msg, file=sys.stderr, flush=True)):
+        self.requested, self._announce, self._previous = False, announce, {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:  # the second signal: at once, the way the process would have stopped
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            sys.exit(128 + signum)
+        self.requested = True
+        self._announce(f"forge: {signal.Signals(signum).name}: finishing the current step and writing a "
+                       "checkpoint (send it again to stop at once)")
+
+    def __enter__(self) -> "GracefulStop":
+        try:
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: signals stay as they were
+            self._previous = {}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def agreed(requested: bool, accelerator) -> bool:
+    """Whether any rank was asked to stop (all ranks then checkpoint and stop at the same step)."""
+    if accelerator.num_processes == 1:
+        return requested
+    import torch
+
+    flag = torch.tensor(1.0 if requested else 0.0, device=accelerator.device)
+    return bool(accelerator.reduce(flag, "sum").item() > 0)
