@@ -80,7 +80,7 @@ def run(recipe: Recipe, tracker: Tracker, log=print, plans=None, resume: bool = 
                     result = runner(stage.kind)(stage, checkpoint, sources, stage_dir, tracker, resume=resume)
                 tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
                 if state.is_main_process and state.num_processes == 1:  # the planner's local model is one process
-                    log_measured(tracker, model_config, stage, result.steps, result.metrics)
+                    log_measured(tracker, model_config, stage, result.steps, result.metrics, stage_dir)
             lineage["stages"].append({
                 "name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
                 "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
