@@ -127,7 +127,8 @@ def plot_plans(plans: list[StagePlan], path: str | Path) -> Path:
     axes = fig.subplots(1, 2)
     for ax, values, title in ((axes[0], [p.hours for p in ok], "wall-clock hours"),
                               (axes[1], [p.cost_usd for p in ok], "cost (USD)")):
-        bars = ax.bar(range(len(ok)), values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok])
+        bars = ax.bar(range(len(ok)), values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok],
+                      yerr=[v * p.error_band for v, p in zip(values, ok)], capsize=3)
         ax.set_xticks(range(len(ok)), labels, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.2g}" for v in values], fontsize=7)
