@@ -159,15 +159,15 @@ def band_for(stack: str, system, chips: int) -> tuple[float, str]:
 
 
 def format_replays(reps: list[Replay]) -> str:
-    head = (f"{'anchor':<38}{'stack':<13}{'chips':>6}  {'published':>11}  {'predicted':>11}  "
+    head = (f"{'anchor':<44}{'stack':<13}{'chips':>6}  {'published':>11}  {'predicted':>11}  "
             f"{'unit':<22}{'step s pub/pred':>17}  {'ratio':>6}  layout")
     lines = [head]
     for r in reps:
         if r.reason:
-            lines.append(f"{r.name:<38}{r.stack:<13}{r.chips:>6}  {r.published:>11.4g}  {'n/a':>11}  "
+            lines.append(f"{r.name:<44}{r.stack:<13}{r.chips:>6}  {r.published:>11.4g}  {'n/a':>11}  "
                          f"{r.unit:<22}{r.published_s:>8.3g}/{'-':<8}  {'-':>6}  {r.reason[:80]}")
             continue
-        lines.append(f"{r.name:<38}{r.stack:<13}{r.chips:>6}  {r.published:>11.4g}  {r.predicted:>11.4g}  "
+        lines.append(f"{r.name:<44}{r.stack:<13}{r.chips:>6}  {r.published:>11.4g}  {r.predicted:>11.4g}  "
                      f"{r.unit:<22}{r.published_s:>8.3g}/{r.predicted_s:<8.3g}  {r.ratio:>6.2f}  {r.layout}")
     ok = [r.ratio for r in reps if not r.reason]
     if ok:
