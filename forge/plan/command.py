@@ -149,7 +149,8 @@ def format_model_summary(summary: dict) -> str:
     lines = [f"{n['name']} ({n['arch']}, {n['layers']} layers, hidden {n['hidden']})",
              f"  parameters: total {n['params_total']:,}  active per token {n['params_active']:,}  "
              f"embedding {n['params_embedding']:,}" + (f"  lm_head {n['params_lm_head']:,}" if n['params_lm_head'] else ""),
-             f"  {'precision':<10}{'weights GB':>12}{'training states GB':>20}  (mixed-precision Adam, before sharding)"]
+             f"  {'precision':<10}{'weights GB':>12}{'training states GB':>20}  (weights stored at the precision; "
+             f"training: 16-bit weights and grads + fp32 Adam, before sharding)"]
     for prec, mem in n["memory"].items():
         lines.append(f"  {prec:<10}{mem['weights_gb']:>12,.1f}{mem['training_states_gb']:>20,.1f}")
     return "\n".join(lines) + "\n"

@@ -250,7 +250,10 @@ def model_summary(model: dict | ModelSpec) -> dict:
 
     spec = _spec(model)
     pc = count_parameters(spec)
-    memory = {prec: {"weights_gb": pc.total * w / 1e9, "training_states_gb": pc.total * (w + g + o) / 1e9}
+    # weights stored at the precision itself (serving, frozen copies); training keeps 16-bit weights
+    # and fp32 Adam states whatever the matmul precision (ZeRO paper, Sec. 3.1)
+    stored = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "fp4": 0.5, "bf16-pure": 2}
+    memory = {prec: {"weights_gb": pc.total * stored[prec] / 1e9, "training_states_gb": pc.total * (w + g + o) / 1e9}
               for prec, (w, g, o) in STATE_BYTES.items()}
     return {"name": spec.name, "arch": spec.arch, "params_total": pc.total, "params_active": pc.active,
             "params_embedding": pc.embedding, "params_lm_head": pc.lm_head, "layers": spec.layers,
