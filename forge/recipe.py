@@ -97,6 +97,8 @@ class Tracking(Strict):
 class Compute(Strict):
     target: str = "local"
     chips: int | None = Field(None, gt=0)
+    stack: str | None = Field(None, description="training stack the planner models (fsdp, megatron, neuron, ...)")
+    calibration: str | None = Field(None, description="a calibration file from `forge plan --calibrate` to apply")
 
 
 class Recipe(Strict):
@@ -240,6 +242,8 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         out["base"] = fix(out["base"])
     if isinstance(out.get("output"), str):
         out["output"] = fix(out["output"])
+    if isinstance(out.get("compute"), dict) and isinstance(out["compute"].get("calibration"), str):
+        out["compute"]["calibration"] = fix(out["compute"]["calibration"])
     for stage in out.get("stages") or [] if isinstance(out.get("stages"), list) else []:
         ings = stage.get("ingredients") if isinstance(stage, dict) else None
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)

@@ -2,27 +2,36 @@
 
     forge plan recipes/acme.yaml --target trn3,trn2,h100:64
     forge plan --model llama-3.1-8b --stage pretrain --tokens 100B --seq-len 8192 \
-        --target trn3-ultraserver,trn2-ultraserver,h100:64
-    forge plan --model ./ckpt --tokens 2B --target trn2 --deadline 24
-    forge plan --calibrate [--runs DIR]
+        --target trn3-ultraserver,trn2-ultraserver,h100:64 [--stack megatron]
+    forge plan --model ./ckpt --tokens 2B --target trn2 --deadline 24 --budget 5000
+    forge plan --model llama-3.1-70b              (parameter counts and memory per precision)
+    forge plan --anchors                          (replay published runs: predicted vs published)
+    forge plan --calibrate --runs RUNS_DIR        (fit the local machine; writes RUNS_DIR/calibration.yaml)
+    forge plan --model ./ckpt --tokens 1M --calibration RUNS_DIR/calibration.yaml
     forge plan --list-targets
 
-Exit status: 0 when every planned stage fits, 1 when one does not (the table says why).
+Exit status: 0 when every planned stage fits, 1 when one does not (the table says why), 2 on bad
+input (one line saying which argument and why).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from pathlib import Path
 
 from forge.errors import ForgeError
 from forge.plan import workloads as W
-from forge.plan.calibrate import calibrate, default_store_dir
+from forge.plan.calibrate import calibrate
 from forge.plan.hardware import get_system, known_targets, load_catalog, parse_targets
 from forge.plan.model import load_model_config
-from forge.plan.planner import compare
+from forge.plan.planner import compare, model_summary
 from forge.plan.report import format_table, plot_plans, to_json
+from forge.plan.stacks import get_stack, known_stacks
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20     # ~4M tokens per step when --global-batch is not given
+MAX_CHIP_YEARS = 1e6                 # a plan beyond this is a typo, not a plan
+HOURS_PER_YEAR = 8766
 
 
 def parse_count(text: str) -> float:
@@ -31,26 +40,34 @@ def parse_count(text: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (use e.g. 100B, 2.5M, 1e9)")
     scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    return float(m.group(1)) * scale
+    try:
+        return float(m.group(1)) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (use e.g. 100B, 2.5M, 1e9)") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", help="recipe YAML to plan (or use --model)")
     parser.add_argument("--target", help="target name(s), comma separated, NAME[:CHIPS] (see --list-targets)")
     parser.add_argument("--chips", type=int, help="plan at exactly this many chips")
-    parser.add_argument("--deadline", type=float, metavar="HOURS", help="fewest chips that finish in time")
+    parser.add_argument("--deadline", type=float, metavar="HOURS", help="fewest chips that finish in time "
+                        "(with --budget: the cheapest plan that finishes in time)")
     parser.add_argument("--budget", type=float, metavar="USD", help="fastest plan within this cost")
+    parser.add_argument("--stack", help=f"training stack: {', '.join(known_stacks())} (default: the target's)")
     parser.add_argument("--json", action="store_true", help="print the plans as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write a chart of time and cost across targets")
-    parser.add_argument("--mfu", type=float, help="override the catalog's assumed MFU")
+    parser.add_argument("--mfu", type=float, help="override the chip's matmul efficiency (achieved GEMM / peak, 0-1]")
     parser.add_argument("--precision", help="override the stage precision (bf16, fp8, fp32, ...)")
     parser.add_argument("--hardware", action="append", default=[], metavar="YAML",
                         help="extra hardware catalog file(s) merged over the built-in one")
+    parser.add_argument("--calibration", metavar="YAML", help="apply a local calibration written by --calibrate")
     parser.add_argument("--list-targets", action="store_true", help="list known targets and exit")
-    parser.add_argument("--calibrate", action="store_true", help="fit the local machine from past runs")
-    parser.add_argument("--runs", metavar="DIR", help="where runs recorded measurements (for --calibrate)")
+    parser.add_argument("--anchors", action="store_true", help="replay published training runs (anchors.yaml)")
+    parser.add_argument("--calibrate", action="store_true", help="fit the local machine from recorded runs")
+    parser.add_argument("--runs", metavar="DIR", help="a run's output folder or a workspace of runs (--calibrate)")
     g = parser.add_argument_group("planning without a recipe")
-    g.add_argument("--model", help="config.json, checkpoint dir, or preset (e.g. llama-3.1-8b)")
+    g.add_argument("--model", help="config.json, checkpoint dir, or preset (e.g. llama-3.1-8b); "
+                   "alone, prints parameter counts and memory")
     g.add_argument("--stage", default="pretrain", help="pretrain | midtrain | sft | dpo | rft")
     g.add_argument("--tokens", type=parse_count, help="tokens to train on (e.g. 100B)")
     g.add_argument("--steps", type=int, help="optimizer steps (instead of --tokens)")
@@ -62,6 +79,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-len", type=int, help="rft: prompt tokens (default seq-len/4)")
     g.add_argument("--group", type=int, default=8, help="rft: completions per prompt")
     g.add_argument("--reward-model", action="store_true", help="rft: a policy-sized reward model scores")
+
+
+POSITIVE = ("seq_len", "steps", "tokens", "global_batch", "chips", "mfu", "deadline", "budget", "prompt_len",
+            "group", "mean_example_len")
+
+
+def validate(args) -> None:
+    """Refuse input no plan can come from, naming the argument (one line, exit status 2)."""
+    for name in POSITIVE:
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:    # also catches NaN
+            raise ForgeError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    if getattr(args, "mfu", None) is not None and args.mfu > 1:
+        raise ForgeError(f"--mfu is a fraction of peak and must be at most 1, got {args.mfu:g}")
+    target = getattr(args, "target", None)
+    if target is not None and not target.replace(",", "").strip():
+        raise ForgeError("--target is empty; give a target name (see --list-targets)")
+    prompt = getattr(args, "prompt_len", None)
+    if prompt is not None and prompt >= args.seq_len:
+        raise ForgeError(f"--prompt-len ({prompt}) must be shorter than --seq-len ({args.seq_len})")
+    if getattr(args, "stack", None):
+        get_stack(args.stack)
+
+
+def _refuse_absurd(plans) -> None:
+    for p in plans:
+        years = p.chip_hours / HOURS_PER_YEAR
+        if p.feasible and years > MAX_CHIP_YEARS:
+            raise ForgeError(f"stage {p.stage!r} on {p.target} needs {years:.3g} chip-years (more than "
+                             f"{MAX_CHIP_YEARS:.0e}): check --tokens / --steps / --global-batch")
 
 
 def _workload(args) -> W.Workload:
@@ -86,43 +133,85 @@ def _workload(args) -> W.Workload:
 
 
 def _list_targets(catalog: dict) -> str:
-    rows = [f"{'target':<24}{'chip':<34}{'default':>8}{'$/chip-h':>10}  price"]
+    rows = [f"{'target':<24}{'chip':<34}{'default':>8}{'$/chip-h':>10}  {'stack':<9}price"]
     for key in known_targets(catalog):
         s = get_system(key, catalog)
-        rows.append(f"{key:<24}{s.chip.name:<34}{s.default_chips:>8}{s.usd_per_chip_hour:>10.3f}  {s.price_kind}")
+        rows.append(f"{key:<24}{s.chip.name:<34}{s.default_chips:>8}{s.usd_per_chip_hour:>10.3f}  "
+                    f"{s.default_stack:<9}{s.price_kind}")
     aliases = catalog.get("aliases", {})
     rows.append("aliases: " + ", ".join(f"{a}={t}" for a, t in sorted(aliases.items())))
     return "\n".join(rows)
 
 
+def format_model_summary(summary: dict) -> str:
+    """Exact parameter counts and memory per precision of one model."""
+    n = summary
+    lines = [f"{n['name']} ({n['arch']}, {n['layers']} layers, hidden {n['hidden']})",
+             f"  parameters: total {n['params_total']:,}  active per token {n['params_active']:,}  "
+             f"embedding {n['params_embedding']:,}" + (f"  lm_head {n['params_lm_head']:,}" if n['params_lm_head'] else ""),
+             f"  {'precision':<10}{'weights GB':>12}{'training states GB':>20}  (weights stored at the precision; "
+             f"training: 16-bit weights and grads + fp32 Adam, before sharding)"]
+    for prec, mem in n["memory"].items():
+        lines.append(f"  {prec:<10}{mem['weights_gb']:>12,.1f}{mem['training_states_gb']:>20,.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def _calibrate(args) -> int:
+    if not getattr(args, "runs", None):
+        raise ForgeError("--calibrate needs --runs DIR: a run's output folder or a workspace of runs "
+                         "(measurements stay with the runs that made them)")
+    cal, path = calibrate(args.runs, getattr(args, "calibration", None))
+    rates = ", ".join(f"{p}: {r:.4g} TFLOP/s + {cal.step_overhead_s[p]:.3g} s/step"
+                      for p, r in cal.effective_tflops.items())
+    print(f"calibrated local from {cal.runs} run(s): {rates}; memory x{cal.memory_scale:.3f}; "
+          f"median fit error {cal.rel_error:.1%}")
+    print(f"used: {', '.join(cal.used)}")
+    if cal.rejected:
+        print(f"rejected as outliers: {', '.join(cal.rejected)}")
+    print(f"wrote {path} (applied only with: forge plan --calibration {path})")
+    return 0
+
+
 def run(args) -> int:
-    catalog = load_catalog(tuple(getattr(args, "hardware", []) or ()))
+    validate(args)
+    extra = tuple(getattr(args, "hardware", []) or ())
+    if getattr(args, "calibration", None) and not getattr(args, "calibrate", False):
+        if not Path(args.calibration).is_file():
+            raise ForgeError(f"--calibration {args.calibration}: no such file (write one with --calibrate)")
+        extra += (args.calibration,)
+    catalog = load_catalog(extra)
     if getattr(args, "list_targets", False):
         print(_list_targets(catalog))
         return 0
     if getattr(args, "calibrate", False):
-        cal, path = calibrate(getattr(args, "runs", None) or default_store_dir())
-        rates = ", ".join(f"{p}: {r:.4g} TFLOP/s + {cal.step_overhead_s[p]:.3g} s/step"
-                          for p, r in cal.effective_tflops.items())
-        print(f"calibrated local from {cal.runs} run(s): {rates}; memory x{cal.memory_scale:.3f}; "
-              f"median fit error {cal.rel_error:.1%}\nwrote {path}")
+        return _calibrate(args)
+    if getattr(args, "anchors", False):
+        from forge.plan.anchors import format_replays, replay_all
+
+        print(format_replays(replay_all()), end="")
         return 0
+    stack = getattr(args, "stack", None)
     if getattr(args, "model", None):
         config = load_model_config(args.model)
+        if args.tokens is None and args.steps is None:
+            summary = model_summary(config)
+            print(json.dumps(summary, indent=2) if args.json else format_model_summary(summary), end="\n" if args.json else "")
+            return 0
         targets = parse_targets(args.target or "local")
         if args.chips:
             targets = [(t, args.chips) for t, _ in targets]
         plans = compare(config, _workload(args), targets, deadline_h=args.deadline, budget_usd=args.budget,
-                        mfu=args.mfu, catalog=catalog)
+                        mfu=args.mfu, catalog=catalog, stack=stack)
     elif getattr(args, "recipe", None):
         from forge.plan.recipe_plan import plan_recipe
         from forge.recipe import load_recipe
 
         plans = plan_recipe(load_recipe(args.recipe), target=args.target, chips=args.chips,
                             deadline_h=args.deadline, budget_usd=args.budget, mfu=args.mfu,
-                            precision=args.precision, catalog=catalog)
+                            precision=args.precision, catalog=catalog, stack=stack)
     else:
-        raise ForgeError("forge plan needs a recipe, --model CONFIG, --calibrate or --list-targets")
+        raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")
+    _refuse_absurd(plans)
     if args.json:
         print(to_json(plans))
     else:

@@ -85,19 +85,21 @@ class Chip:
     link_latency_us: float
     chip_w: float
     system_w_per_chip: float
-    mfu: dict
+    matmul_efficiency: dict
     calibration: dict = field(default_factory=dict)
     estimated: tuple = ()      # fields the catalog marks `estimate` (no published figure)
 
     def precisions(self) -> list[str]:
         return sorted(self.peak_tflops)
 
-    def sustained_flops(self, precision: str, mfu: float | None = None) -> float:
-        """FLOP/s one chip sustains on training math: peak x MFU, or the calibrated rate."""
+    def sustained_flops(self, precision: str, efficiency: float | None = None) -> float:
+        """FLOP/s one chip sustains in matmuls: peak x matmul efficiency, or the calibrated rate
+        (which, measured end to end on this machine, already includes everything else)."""
         calibrated = (self.calibration or {}).get("effective_tflops", {})
-        if mfu is None and precision in calibrated:
+        if efficiency is None and precision in calibrated:
             return float(calibrated[precision]) * 1e12
-        return self.peak_flops(precision) * (mfu if mfu is not None else self.default_mfu(precision))
+        eff = efficiency if efficiency is not None else self.default_efficiency(precision)
+        return self.peak_flops(precision) * eff
 
     def peak_flops(self, precision: str) -> float:
         if precision not in self.peak_tflops:
@@ -106,8 +108,10 @@ class Chip:
             )
         return float(self.peak_tflops[precision]) * 1e12
 
-    def default_mfu(self, precision: str) -> float:
-        return float(self.mfu.get(precision, min(self.mfu.values()) if self.mfu else 0.3))
+    def default_efficiency(self, precision: str) -> float:
+        """The catalog's achieved-GEMM fraction of peak for `precision` (matmul kernels only)."""
+        eff = self.matmul_efficiency
+        return float(eff.get(precision, min(eff.values()) if eff else 0.5))
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class System:
     key: str
     name: str
     chip: Chip
+    default_stack: str
     chips_per_instance: int
     scale_up_chips: int
     default_chips: int
@@ -148,9 +153,23 @@ class System:
         return self.chip.hbm_bytes * self.usable_memory_fraction
 
 
+def hbm_bytes_of(raw: dict) -> float:
+    """Device memory in bytes from `hbm_gb` (decimal, as AWS and NVIDIA publish) or `hbm_gib`;
+    "auto" reads this machine's RAM."""
+    if "hbm_gb" in raw:
+        hbm, unit = raw["hbm_gb"], 1e9
+    else:
+        hbm, unit = raw.get("hbm_gib"), GIB
+    if hbm in (None, "auto"):
+        return float(physical_memory_bytes())
+    value = float(hbm)
+    if value <= 0:
+        raise ValueError(f"device memory must be positive, got {hbm}")
+    return value * unit
+
+
 def _chip(key: str, raw: dict) -> Chip:
-    hbm = raw.get("hbm_gib")
-    hbm_bytes = physical_memory_bytes() if hbm in (None, "auto") else float(hbm) * GIB
+    hbm_bytes = hbm_bytes_of(raw)
     return Chip(
         key=key,
         name=str(raw.get("name", key)),
@@ -162,7 +181,7 @@ def _chip(key: str, raw: dict) -> Chip:
         link_latency_us=float(raw["link_latency_us"]),
         chip_w=float(raw["chip_w"]),
         system_w_per_chip=float(raw.get("system_w_per_chip", raw["chip_w"])),
-        mfu=dict(raw.get("mfu", {})),
+        matmul_efficiency=dict(raw.get("matmul_efficiency", {})),
         calibration=dict(raw.get("calibration") or {}),
         estimated=tuple(k for k, v in (raw.get("cite") or {}).items() if v == "estimate"),
     )
@@ -213,6 +232,7 @@ def _system(key: str, catalog: dict) -> System:
         key=key,
         name=str(raw.get("name", key)),
         chip=_chip(chip_key, catalog["chips"][chip_key]),
+        default_stack=str(raw.get("default_stack", "fsdp")),
         chips_per_instance=int(raw.get("chips_per_instance", 1)),
         scale_up_chips=int(raw.get("scale_up_chips", raw.get("chips_per_instance", 1))),
         default_chips=int(raw.get("default_chips", raw.get("chips_per_instance", 1))),
@@ -235,15 +255,19 @@ def _system(key: str, catalog: dict) -> System:
 def parse_targets(spec: str) -> list[tuple[str, int | None]]:
     """'trn3,trn2-ultraserver,h100:64' -> [('trn3', None), ('trn2-ultraserver', None), ('h100', 64)]."""
     out = []
-    for part in (p.strip() for p in spec.split(",")):
+    for part in (p.strip() for p in str(spec).split(",")):
         if not part:
             continue
         name, _, chips = part.partition(":")
+        if not name.strip():
+            raise ForgeError(f"target {part!r}: a target name is needed before ':'")
         if chips and not chips.isdigit():
             raise ForgeError(f"target {part!r}: the part after ':' must be a chip count")
-        out.append((name, int(chips) if chips else None))
+        if chips and int(chips) <= 0:
+            raise ForgeError(f"target {part!r}: the chip count must be positive")
+        out.append((name.strip(), int(chips) if chips else None))
     if not out:
-        raise ForgeError("no target given")
+        raise ForgeError("no target given (--target is empty)")
     return out
 
 

@@ -12,7 +12,12 @@ Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation i
 Transformer Models", Sec. 4: per block s*b*h*(34 + 5*a*s/h) bytes for GPT with 16-bit
 activations, /tp with tensor + sequence parallel; selective recomputation drops the 5as/h score
 term; full recomputation keeps only the 2sbh block input. Generalised here to GQA, SwiGLU, any
-MLP width, no dropout and flash attention (no s x s score matrix is stored).
+MLP width, no dropout and flash attention (no s x s score matrix is stored). With flash attention,
+selective recomputation means keeping matmul outputs and recomputing the elementwise ops (norms,
+SwiGLU activation and product), as torchtitan's per-op SAC and Megatron-Core's recompute_modules
+do. Context parallelism divides the sequence (and so every activation) over cp ranks; the
+interleaved 1F1B schedule keeps (1 + (p-1)/(p*v)) times the 1F1B activations on the first stage
+(Narayanan et al. 2021, Sec. 2.2.2; Megatron-LM theoretical_memory_usage.py).
 """
 from __future__ import annotations
 
@@ -70,13 +75,16 @@ def layer_activation_bytes(
     rep_div = tp if sp else 1                 # sequence parallel shards the "replicated" part too
     if recompute == "full":
         return seq_len * micro_batch * h * act_bytes / rep_div   # only the block input
-    # norm inputs (2h), attention and MLP inputs (2h), dropout masks after attention and MLP (2h)
-    replicated = 4 * h * act_bytes + 2 * h * mask
+    elementwise_rc = recompute == "selective" and flash   # keep matmul outputs, recompute the rest
+    # norm inputs (2h), attention and MLP inputs (2h), dropout masks after attention and MLP (2h);
+    # selective (flash) keeps the two residual inputs and recomputes the norms from them
+    replicated = (2 if elementwise_rc else 4) * h * act_bytes + 2 * h * mask
     # Q, K, V; output-projection input; attention-output dropout is in `replicated`
     attn = (q + kv + kv + q) * act_bytes
-    if s.qk_norm:
+    if s.qk_norm and not elementwise_rc:
         attn += (q + kv) * act_bytes          # pre-norm q and k (Qwen3)
-    inner = (4 if s.gated_mlp else 2) * f * act_bytes   # SwiGLU: gate, up, act(gate), product
+    # SwiGLU: gate, up, act(gate), product (selective: gate and up only, the rest recomputed)
+    inner = (2 if elementwise_rc or not s.gated_mlp else 4) * f * act_bytes
     if s.is_moe:
         inner = s.top_k * (inner + h * act_bytes)        # per routed expert, with its gathered input
     if flash or recompute == "selective":
@@ -95,15 +103,18 @@ def activation_bytes(
     in flight (Narayanan et al. 2021; Korthikanti Sec. 4.2.3); the last stage also holds the
     logits (Korthikanti: 4sbv/tp for fp32 logits, plus their 16-bit copy)."""
     t, p, b, m = layout.tp, layout.pp, layout.micro_batch, layout.microbatches
+    v = max(1, layout.vp)
+    seq_len = math.ceil(seq_len / max(1, layout.cp))   # context parallel: s/cp tokens per rank
     rep_div = t if layout.sp else 1
     per_layer = layer_activation_bytes(s, seq_len, b, t, layout.sp, layout.recompute, flash, act_bytes)
     working = 0.0
-    if layout.recompute == "full":            # one block is rematerialised at a time in backward
+    if layout.recompute in ("full", "selective"):   # one block is rematerialised at a time in backward
         working = layer_activation_bytes(s, seq_len, b, t, layout.sp, "none", flash, act_bytes)
     blocks = math.ceil(s.layers / p)
     embed_out = seq_len * b * s.hidden * act_bytes / rep_div
     logits = seq_len * b * s.vocab * (act_bytes + 4) / t
-    first = blocks * per_layer * min(m, p) + working + embed_out
+    in_flight = min(m, p) * (1 + (p - 1) / (p * v) if v > 1 and m >= p else 1)
+    first = blocks * per_layer * in_flight + working + embed_out
     last = blocks * per_layer + working + logits
     return first + logits if p == 1 else max(first, last)
 

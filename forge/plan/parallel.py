@@ -1,8 +1,9 @@
 """Parallel layouts and the time of one training step under them.
 
-Step time = compute at an assumed MFU + exposed communication (alpha-beta ring model) + pipeline
-bubble. Rank order follows Megatron-LM: tensor parallel innermost (inside the fast scale-up
-domain), then data parallel, then pipeline stages outermost.
+Step time = matmul time at the chip's achieved GEMM rate + the stack's non-matmul time + the part
+of each collective the stack does not overlap (alpha-beta ring model) + pipeline bubble + the
+optimizer update. Rank order follows Megatron-LM: tensor parallel innermost (inside the fast
+scale-up domain), then context parallel, then data parallel, then pipeline stages outermost.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from forge.plan.hardware import System
 from forge.plan.model import ModelSpec
+from forge.plan.stacks import Stack
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -28,10 +30,12 @@ class Layout:
     micro_batch: int = 1
     microbatches: int = 1
     sp: bool = True            # sequence parallel alongside tensor parallel (Korthikanti 2022)
+    cp: int = 1                # context parallel: each sequence split over cp chips (ring attention)
+    vp: int = 1                # virtual pipeline stages per chip (interleaved 1F1B)
 
     @property
     def chips(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -40,7 +44,9 @@ class Layout:
     def describe(self) -> str:
         zero = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[self.zero]
         rc = {"none": "", "selective": " sel-rc", "full": " full-rc"}[self.recompute]
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} {zero} mb{self.micro_batch}x{self.microbatches}{rc}"
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        vp = f" vp{self.vp}" if self.vp > 1 else ""
+        return f"tp{self.tp}{cp} pp{self.pp}{vp} dp{self.dp} {zero} mb{self.micro_batch}x{self.microbatches}{rc}"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,71 +76,113 @@ def p2p_time(n_bytes: float, alpha: float, beta: float) -> float:
     return alpha + n_bytes / beta if n_bytes > 0 else 0.0
 
 
-def pipeline_bubble_fraction(pp: int, microbatches: int) -> float:
-    """1F1B / GPipe bubble as a share of the step: (p-1)/(m+p-1) (Narayanan et al. 2021, Sec. 2.2:
-    bubble time (p-1)*t over ideal m*t)."""
-    return (pp - 1) / (microbatches + pp - 1)
+def pipeline_bubble_fraction(pp: int, microbatches: int, vp: int = 1) -> float:
+    """1F1B bubble as a share of the step: (p-1)/v over m + (p-1)/v micro-slots (Narayanan et al.
+    2021, Sec. 2.2.1-2.2.2: bubble (p-1)*t, divided by v virtual stages with the interleaved schedule)."""
+    bubble = (pp - 1) / vp
+    return bubble / (microbatches + bubble)
+
+
+# What a stack without overheads or overlap does (the bare model, and the calibrated local target)
+BARE = Stack("bare", "no stack", 0.0, 1.0, 0.0, 1.0, 0.0, True, True, (0, 1, 2, 3))
+
+# Adam update traffic per parameter it updates: read fp32 master, m, v (12 B) and the gradient
+# (2-4 B), write master, m, v (12 B) and the 16-bit weight (2 B): 28 B, memory-bound.
+ADAM_BYTES_PER_PARAM = 28
 
 
 @dataclass(frozen=True)
 class StepTime:
     """Seconds per optimizer step and its parts; `total` is what the plan uses."""
 
-    compute: float        # m micro-batches of forward+backward (+ recompute) at sustained FLOP/s
+    compute: float        # m micro-batches of matmuls (+ recompute) and the stack's non-matmul ops
     tp_comm: float        # exposed tensor/sequence-parallel all-gathers and reduce-scatters
-    pp_bubble: float      # (p-1) idle micro-slots
+    pp_bubble: float      # (p-1)/v idle micro-slots
     pp_comm: float        # stage-to-stage activation sends
     dp_comm: float        # exposed gradient / parameter collectives after overlap
     total: float
     overhead: float = 0.0  # fixed per-step cost (calibrated on the local machine)
+    cp_comm: float = 0.0   # exposed context-parallel KV ring
+    optimizer: float = 0.0  # the optimizer update (memory bound, after the last backward)
 
 
 def step_time(
     spec: ModelSpec, system: System, layout: Layout, seq_len: int, hw_flops_per_seq: float,
     sustained_flops: float, param_bytes_per_chip: float, grad_bytes_per_chip: float, act_bytes: int = 2,
-    overhead_s: float = 0.0,
+    overhead_s: float = 0.0, *, stack: Stack = BARE, attn_flops_per_seq: float = 0.0,
+    attn_flops_rate: float | None = None, optimizer_s: float = 0.0, wide_flops_rate: float | None = None,
 ) -> StepTime:
     """Time of one optimizer step.
 
-    hw_flops_per_seq: hardware FLOPs to process one sequence (training, recompute, frozen forwards).
-    param_bytes_per_chip / grad_bytes_per_chip: the tp*pp shard of weights and gradients, before ZeRO.
+    hw_flops_per_seq: hardware FLOPs to process one sequence (training, recompute, frozen forwards),
+    of which attn_flops_per_seq are flash-attention score/context matmuls run at attn_flops_rate.
+    sustained_flops: the chip's achieved GEMM FLOP/s. param_bytes_per_chip / grad_bytes_per_chip:
+    the tp*pp shard of weights and gradients, before ZeRO. optimizer_s: the update's time.
+    wide_flops_rate: the chip's 16-bit GEMM rate; the stack's non-matmul time is a fraction of the
+    work at that rate, because elementwise kernels do not speed up with FP8 matmuls.
     """
     t, p, d, m, b = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.micro_batch
-    # one micro-batch through one pipeline stage on one chip
-    tau_compute = hw_flops_per_seq * b / (t * p) / sustained_flops
+    c, v = layout.cp, max(1, layout.vp)
+    split = t * c * p                      # one micro-batch's work is split over tp*cp*pp chips
+    attn_rate = attn_flops_rate or sustained_flops
+    gemm_s = (hw_flops_per_seq - attn_flops_per_seq) * b / split / sustained_flops
+    attn_s = attn_flops_per_seq * b / split / attn_rate
+    # the stack's non-matmul kernels scale with the matmul work; selective recomputation (of the
+    # elementwise ops, flash attention keeping no scores) repeats their forward third
+    non_matmul = stack.non_matmul_overhead * (4 / 3 if layout.recompute == "selective" else 1.0)
+    wide_s = hw_flops_per_seq * b / split / (wide_flops_rate or sustained_flops)
+    tau_compute = gemm_s + attn_s + non_matmul * wide_s
+    blocks = math.ceil(spec.layers / p)
     tau_tp = 0.0
     if t > 1:
         # Megatron-LM with sequence parallel: per block 2 all-gathers + 2 reduce-scatters of the
         # s*b*h activation forward, as many backward (Korthikanti et al. 2022, Sec. 4.2.2);
-        # full recomputation repeats the forward ones.
+        # full recomputation repeats the forward ones. The stack hides tp_overlap of it.
         per_layer = 8 + (4 if layout.recompute == "full" else 0)
-        n = seq_len * b * spec.hidden * act_bytes
+        n = seq_len / c * b * spec.hidden * act_bytes
         coll = ring_allgather_time(n, t, system.hop_latency(t), system.ring_bandwidth(t))
-        tau_tp = math.ceil(spec.layers / p) * per_layer * coll
-    tau = tau_compute + tau_tp
-    compute, tp_comm = m * tau_compute, m * tau_tp
-    bubble = (p - 1) * tau
+        tau_tp = blocks * per_layer * coll * (1 - stack.tp_overlap)
+    tau_cp = 0.0
+    if c > 1:
+        # ring attention (Liu et al. 2023; Megatron-Core context parallel): per block the K,V chunk
+        # of s/c tokens travels c-1 hops forward, K,V and their gradients backward (3x); each hop
+        # overlaps with the attention of the chunk in hand, so cp_overlap of that compute hides it
+        chunk = 2 * seq_len / c * b * spec.kv_dim / t * act_bytes
+        span = t * c
+        hop = p2p_time(chunk, system.hop_latency(span), system.ring_bandwidth(span))
+        ring = blocks * 3 * (c - 1) * hop
+        tau_cp = max(0.0, ring - stack.cp_overlap * attn_s)
+    tau = tau_compute + tau_tp + tau_cp
+    compute, tp_comm, cp_comm = m * tau_compute, m * tau_tp, m * tau_cp
+    bubble = (p - 1) / v * tau
     pp_comm = 0.0
     if p > 1:
         # activations (scattered over tp with sequence parallel) cross each stage boundary forward
-        # and backward; only the fill and drain sends are on the critical path of 1F1B.
-        n = seq_len * b * spec.hidden * act_bytes / t
+        # and backward; only the fill and drain sends are on the critical path of 1F1B, and the
+        # interleaved schedule passes p*v chunk boundaries instead of p.
+        n = seq_len / c * b * spec.hidden * act_bytes / t
         span = layout.chips
-        pp_comm = 2 * (p - 1) * p2p_time(n, system.hop_latency(span), system.ring_bandwidth(span))
+        pp_comm = 2 * (p * v - 1) * p2p_time(n, system.hop_latency(span), system.ring_bandwidth(span))
     dp_comm = 0.0
-    if d > 1:
-        span = t * d                       # tp innermost, then dp
+    g = d * c                              # gradients are reduced over data and context ranks
+    if g > 1:
+        span = t * c * d                   # tp innermost, then cp, then dp
         alpha, beta = system.hop_latency(span), system.ring_bandwidth(span)
+        window = stack.dp_overlap * tau_compute
         if layout.zero == 3:
             # FSDP / ZeRO-3: all-gather weights for forward and again for backward, reduce-scatter
             # gradients, every micro-batch; prefetch overlaps them with that micro-batch's compute.
-            per_mb = 2 * ring_allgather_time(param_bytes_per_chip, d, alpha, beta) + ring_reduce_scatter_time(
-                grad_bytes_per_chip, d, alpha, beta)
-            dp_comm = m * max(0.0, per_mb - tau_compute)
+            per_mb = 2 * ring_allgather_time(param_bytes_per_chip, g, alpha, beta) + ring_reduce_scatter_time(
+                grad_bytes_per_chip, g, alpha, beta)
+            dp_comm = m * max(0.0, per_mb - window)
+        elif layout.zero in (1, 2):
+            # ZeRO-1/2 (distributed optimizer): gradient reduce-scatter under the last backward (2/3
+            # of a micro-batch), updated-parameter all-gather under the next forward (1/3)
+            rs = ring_reduce_scatter_time(grad_bytes_per_chip, g, alpha, beta)
+            ag = ring_allgather_time(param_bytes_per_chip, g, alpha, beta)
+            dp_comm = max(0.0, rs - 2 / 3 * window) + max(0.0, ag - 1 / 3 * window)
         else:
-            # DDP / ZeRO-1/2: one all-reduce-volume gradient exchange per step (ZeRO-1/2 split it
-            # into reduce-scatter + all-gather, same volume; Rajbhandari et al. 2020, Sec. 7),
-            # overlapped with the backward of the last micro-batch (2/3 of its compute).
-            dp_comm = max(0.0, ring_allreduce_time(grad_bytes_per_chip, d, alpha, beta) - 2 / 3 * tau_compute)
-    total = compute + tp_comm + bubble + pp_comm + dp_comm + overhead_s
-    return StepTime(compute, tp_comm, bubble, pp_comm, dp_comm, total, overhead_s)
+            # DDP: one all-reduce, bucketed under the backward of the last micro-batch (2/3 of it)
+            dp_comm = max(0.0, ring_allreduce_time(grad_bytes_per_chip, g, alpha, beta) - 2 / 3 * window)
+    total = compute + tp_comm + cp_comm + bubble + pp_comm + dp_comm + optimizer_s + overhead_s
+    return StepTime(compute, tp_comm, bubble, pp_comm, dp_comm, total, overhead_s, cp_comm, optimizer_s)

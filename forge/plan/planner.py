@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from forge.errors import ForgeError
 from forge.plan import search
 from forge.plan.flops import forward_flops_per_token, training_flops_per_token
 from forge.plan.hardware import System, get_system, load_catalog
@@ -54,6 +55,9 @@ class StagePlan:
     usd_per_chip_hour: float = 0.0
     price_kind: str = ""
     notes: list = field(default_factory=list)
+    stack: str = ""
+    error_band: float = 0.0     # relative +- on step time, hours and cost (from the anchors)
+    band_basis: str = ""        # what the band rests on; says "projection" where no anchor does
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,20 +70,28 @@ def _spec(model: dict | ModelSpec) -> ModelSpec:
 def plan_stage(
     model: dict | ModelSpec, workload: Workload, target: str = "local", chips: int | None = None,
     deadline_h: float | None = None, budget_usd: float | None = None, mfu: float | None = None,
-    catalog: dict | None = None, flash: bool = True,
+    catalog: dict | None = None, flash: bool = True, stack: str | None = None, layout: dict | None = None,
+    band: bool = True,
 ) -> StagePlan:
     """Plan `workload` for `model` (config dict or ModelSpec) on `target`.
 
     chips: plan at exactly this many; else meet deadline_h / budget_usd if given; else the
     target's default size (one UltraServer, one node), raised to the fewest chips that fit.
+    stack: the training stack (stacks.yaml; default: the target's). layout: dimensions to pin
+    (tp, cp, pp, vp, dp, zero, recompute, micro_batch), as a published run states them.
+    band: attach the error band derived from the anchors (anchors.py).
     """
     spec = _spec(model)
     system = get_system(target, catalog if catalog is not None else load_catalog())
-    ctx = search.Context.build(spec, workload, system, mfu, flash)
-    min_fit = search.min_chips_to_fit(ctx)
+    ctx = search.Context.build(spec, workload, system, mfu, flash, stack)
+    min_fit = search.min_chips_to_fit(ctx) if layout is None else None
     notes = list(workload.notes) + _catalog_notes(system, ctx, spec)
-    n, best, why = _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes)
+    n, best, why = _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes, layout)
     plan = _shell(spec, workload, system, ctx, n, min_fit, notes)
+    if band:
+        from forge.plan.anchors import band_for
+
+        plan.error_band, plan.band_basis = band_for(ctx.stack.key, system, n)
     if best is None:
         plan.feasible = False
         plan.reason = why or search.explain_no_fit(ctx, n, min_fit)
@@ -87,13 +99,18 @@ def plan_stage(
     return _fill(plan, ctx, best, n)
 
 
-def _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes) -> tuple[int, "search.Evaluated | None", str]:
+def _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes,
+                  layout=None) -> tuple[int, "search.Evaluated | None", str]:
     """(chip count, its best layout or None, reason it cannot run or "")."""
     system = ctx.system
     if chips is not None:
         if chips > system.max_chips:
             return chips, None, f"{system.name} allows at most {system.max_chips} chip(s); {chips} requested."
-        return chips, search.best_layout(ctx, chips), ""
+        best = search.best_layout(ctx, chips, layout)
+        if best is None and layout is not None:
+            return chips, None, (f"the layout {layout} does not fit (or does not divide {chips} chips) "
+                                 f"on {system.name} with the {ctx.stack.key} stack")
+        return chips, best, ""
     if deadline_h is not None or budget_usd is not None:
         n, why = search.chips_for_goal(ctx, min_fit, deadline_h, budget_usd)
         return n, None if why else search.best_layout(ctx, n), why
@@ -132,9 +149,13 @@ def _catalog_notes(system: System, ctx: "search.Context", spec: ModelSpec) -> li
         if ctx.precision in cal.get("effective_tflops", {}):
             notes.append(f"local rate calibrated from {cal.get('runs', '?')} run(s)")
         else:
-            notes.append("local rate uncalibrated: run `forge plan --calibrate` after a local run")
+            notes.append("local rate uncalibrated: `forge plan --calibrate --runs RUNS_DIR` after a local run, "
+                         "then plan with --calibration RUNS_DIR/calibration.yaml")
     if spec.is_moe:
         notes.append("MoE: experts sharded by ZeRO/TP only; expert parallelism and all-to-all not modelled")
+    if ctx.stack is not None and system.chip.status != "local":
+        notes.append(f"stack: {ctx.stack.name} (--stack {ctx.stack.key}); matmul efficiency "
+                     f"{ctx.mfu:.2f} of peak, overheads modelled separately")
     return notes
 
 
@@ -148,7 +169,7 @@ def _shell(spec, wl: Workload, system: System, ctx, n: int, min_fit, notes) -> S
         flops_per_token=training_flops_per_token(spec, wl.seq_len), mfu_assumed=ctx.mfu,
         usable_gib=system.usable_bytes / GIB, min_chips_fit=min_fit,
         usd_per_chip_hour=system.usd_per_chip_hour, price_kind=system.price_kind, notes=notes,
-        flops_total=search.stage_model_flops(ctx),
+        flops_total=search.stage_model_flops(ctx), stack=ctx.stack.key if ctx.stack else "",
     )
 
 
@@ -189,8 +210,32 @@ def _fill(plan: StagePlan, ctx, best: "search.Evaluated", n: int) -> StagePlan:
 
 def compare(model: dict | ModelSpec, workload: Workload, targets: list[tuple[str, int | None]],
             **kwargs) -> list[StagePlan]:
-    """The same stage on several (target, chips) pairs, side by side."""
-    return [plan_stage(model, workload, target=t, chips=c, **kwargs) for t, c in targets]
+    """The same stage on several (target, chips) pairs, side by side. A target that cannot run the
+    workload at all (e.g. a precision its chip lacks) is marked infeasible; the rest are planned.
+    An unknown target name is still an error: it is a typo, not a finding."""
+    catalog = kwargs.get("catalog")
+    catalog = catalog if catalog is not None else load_catalog()
+    kwargs["catalog"] = catalog
+    plans = []
+    for t, c in targets:
+        system = get_system(t, catalog)
+        try:
+            plans.append(plan_stage(model, workload, target=t, chips=c, **kwargs))
+        except ForgeError as exc:
+            plans.append(_infeasible(model, workload, system, c, str(exc)))
+    return plans
+
+
+def _infeasible(model, wl: Workload, system: System, chips: int | None, reason: str) -> StagePlan:
+    spec = _spec(model)
+    pc = count_parameters(spec)
+    return StagePlan(
+        stage=wl.name, kind=wl.kind, model=spec.name, params_total=pc.total, params_active=pc.active,
+        target=system.key, system=system.name, chip=system.chip.name, chips=chips or system.default_chips,
+        precision=wl.precision, feasible=False, reason=reason, seq_len=wl.seq_len,
+        global_batch=wl.global_batch, steps=wl.steps, tokens_trained=wl.tokens_trained,
+        tokens_processed=wl.tokens_processed, usd_per_chip_hour=system.usd_per_chip_hour,
+        price_kind=system.price_kind)
 
 
 def total_training_flops(model: dict | ModelSpec, tokens: float, seq_len: int) -> float:
@@ -199,6 +244,17 @@ def total_training_flops(model: dict | ModelSpec, tokens: float, seq_len: int) -
 
 
 def model_summary(model: dict | ModelSpec) -> dict:
+    """Exact parameter counts (total, active per token, embedding) and the bytes of the weights
+    and of full mixed-precision training states (ZeRO paper's 16 B/param) per precision."""
+    from forge.plan.memory import STATE_BYTES
+
     spec = _spec(model)
     pc = count_parameters(spec)
-    return {"name": spec.name, "arch": spec.arch, "params_total": pc.total, "params_active": pc.active}
+    # weights stored at the precision itself (serving, frozen copies); training keeps 16-bit weights
+    # and fp32 Adam states whatever the matmul precision (ZeRO paper, Sec. 3.1)
+    stored = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "fp4": 0.5, "bf16-pure": 2}
+    memory = {prec: {"weights_gb": pc.total * stored[prec] / 1e9, "training_states_gb": pc.total * (w + g + o) / 1e9}
+              for prec, (w, g, o) in STATE_BYTES.items()}
+    return {"name": spec.name, "arch": spec.arch, "params_total": pc.total, "params_active": pc.active,
+            "params_embedding": pc.embedding, "params_lm_head": pc.lm_head, "layers": spec.layers,
+            "hidden": spec.hidden, "memory": memory}

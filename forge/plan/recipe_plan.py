@@ -9,7 +9,7 @@ from forge.errors import ForgeError
 from forge.plan import workloads as W
 from forge.plan.hardware import load_catalog, parse_targets
 from forge.plan.model import load_model_config
-from forge.plan.planner import StagePlan, plan_stage
+from forge.plan.planner import StagePlan, compare
 
 
 def recipe_model_config(recipe) -> dict:
@@ -37,13 +37,14 @@ def stage_workload(stage, dp_world: int = 1, precision: str | None = None) -> W.
 
 def plan_recipe(recipe, target: str | None = None, chips: int | None = None, deadline_h: float | None = None,
                 budget_usd: float | None = None, mfu: float | None = None, precision: str | None = None,
-                catalog: dict | None = None) -> list[StagePlan]:
+                catalog: dict | None = None, stack: str | None = None) -> list[StagePlan]:
     """Plan every training stage of `recipe` on `target` (default: recipe.compute.target; a comma
     list 'trn3,trn2,h100:64' compares several). Returns one StagePlan per (stage, target)."""
     compute = getattr(recipe, "compute", None)
     own_target = getattr(compute, "target", None) or "local"
     own_chips = getattr(compute, "chips", None)
-    catalog = catalog if catalog is not None else load_catalog()
+    calibration = getattr(compute, "calibration", None)      # applied only where the recipe asks
+    catalog = catalog if catalog is not None else load_catalog((calibration,) if calibration else ())
     config = recipe_model_config(recipe)
     targets = parse_targets(target or own_target)
     plans = []
@@ -53,5 +54,6 @@ def plan_recipe(recipe, target: str | None = None, chips: int | None = None, dea
             continue
         for name, per_target_chips in targets:
             n = chips or per_target_chips or (own_chips if name == own_target else None)
-            plans.append(plan_stage(config, wl, name, n, deadline_h, budget_usd, mfu, catalog))
+            plans += compare(config, wl, [(name, n)], deadline_h=deadline_h, budget_usd=budget_usd, mfu=mfu,
+                             catalog=catalog, stack=stack or getattr(compute, "stack", None))
     return plans

@@ -29,9 +29,19 @@ def _tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
-COLUMNS = [("target", 26, "<"), ("chips", 6, ">"), ("layout", 33, "<"), ("mem/chip GiB", 13, ">"),
-           ("step s", 8, ">"), ("hours", 9, ">"), ("chip-h", 9, ">"), ("cost $", 11, ">"),
+COLUMNS = [("target", 26, "<"), ("chips", 6, ">"), ("layout", 36, "<"), ("mem/chip GiB", 13, ">"),
+           ("step s", 8, ">"), ("hours", 9, ">"), ("chip-h", 9, ">"), ("cost $", 11, ">"), ("+-", 5, ">"),
            ("kWh", 8, ">"), ("Btok/MWh", 9, ">"), ("MFU", 5, ">")]
+
+
+def band_text(band: float) -> str:
+    """The relative error band of a plan's times and costs, e.g. '12%'."""
+    return f"{band:.0%}" if band else ""
+
+
+def band_range(value: float, band: float) -> tuple[float, float]:
+    """(low, high) of a time or cost under a relative band."""
+    return value * max(0.0, 1 - band), value * (1 + band)
 
 
 def _row(cells: list[str]) -> str:
@@ -56,7 +66,9 @@ def format_table(plans: list[StagePlan]) -> str:
         lines.append(_row([c for c, _, _ in COLUMNS]))
         for p in group:
             marks = []
-            for note in p.notes:
+            band_note = (f"+- {band_text(p.error_band)} on {p.target}'s times and costs: {p.band_basis}"
+                         if p.band_basis else "")
+            for note in p.notes + ([band_note] if band_note else []):
                 if note not in notes:
                     notes.append(note)
                 marks.append(str(notes.index(note) + 1))
@@ -68,7 +80,7 @@ def format_table(plans: list[StagePlan]) -> str:
             mem = f"{_adaptive(p.memory_gib['total'])}/{p.usable_gib:.0f}"
             lines.append(_row([
                 target, str(p.chips), p.layout, mem, f"{p.step_time_s:.3g}", _adaptive(p.hours),
-                _adaptive(p.chip_hours), _adaptive(p.cost_usd), _adaptive(p.energy_kwh),
+                _adaptive(p.chip_hours), _adaptive(p.cost_usd), band_text(p.error_band), _adaptive(p.energy_kwh),
                 f"{p.tokens_per_mwh / 1e9:.2f}", f"{p.mfu_achieved:.2f}"]))
         lines.append("")
     for i, note in enumerate(notes, 1):
@@ -84,7 +96,7 @@ def plan_tracking_payload(plan: StagePlan) -> tuple[dict, dict, dict]:
     """(params, metrics, artifacts) for the stage's MLflow run; forge/track.py does the logging."""
     params = {
         "plan.target": plan.target, "plan.chips": plan.chips, "plan.layout": plan.layout or "none",
-        "plan.precision": plan.precision, "plan.feasible": plan.feasible,
+        "plan.precision": plan.precision, "plan.feasible": plan.feasible, "plan.stack": plan.stack or "none",
     }
     metrics = {}
     if plan.feasible:
@@ -93,6 +105,7 @@ def plan_tracking_payload(plan: StagePlan) -> tuple[dict, dict, dict]:
             "plan.energy_kwh": plan.energy_kwh, "plan.step_time_s": plan.step_time_s,
             "plan.flops_total": plan.flops_total, "plan.mfu_assumed": plan.mfu_assumed,
             "plan.mem_per_chip_gib": plan.memory_gib.get("total", 0.0), "plan.tokens_per_mwh": plan.tokens_per_mwh,
+            "plan.error_band": plan.error_band,
         }
     artifacts = {
         "plan.json": to_json([plan]).encode(),
@@ -114,7 +127,8 @@ def plot_plans(plans: list[StagePlan], path: str | Path) -> Path:
     axes = fig.subplots(1, 2)
     for ax, values, title in ((axes[0], [p.hours for p in ok], "wall-clock hours"),
                               (axes[1], [p.cost_usd for p in ok], "cost (USD)")):
-        bars = ax.bar(range(len(ok)), values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok])
+        bars = ax.bar(range(len(ok)), values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok],
+                      yerr=[v * p.error_band for v, p in zip(values, ok)], capsize=3)
         ax.set_xticks(range(len(ok)), labels, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.2g}" for v in values], fontsize=7)

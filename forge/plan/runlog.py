@@ -24,14 +24,15 @@ def log_stage_plan(tracker, plan: StagePlan, comparison: list[StagePlan]) -> Non
         tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png"), "plan")
 
 
-def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict) -> dict:
-    """Compare the planner's local prediction with what the stage measured; record it for calibration."""
+def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, run_dir) -> dict:
+    """Compare the planner's local prediction with what the stage measured; record it for calibration
+    in `run_dir` (the stage's output folder), never in a machine-wide file."""
     predicted = predict_local_step(model_config, stage.seq_len, stage.batch_size, stage.grad_accum, stage.precision)
     measured = {"step_time_s": metrics["step_time_s"], "tokens_per_s": metrics["tokens_per_s_mean"],
                 "peak_mem_bytes": metrics["peak_mem_bytes"], "flops_per_step": predicted["flops_per_step"],
                 "precision": stage.precision, "steps": steps}
     figures = comparison_metrics(predicted, measured)
     tracker.log_metrics(figures)
-    record_measurement(None, predicted, measured, stage=stage.name, kind=stage.kind,
+    record_measurement(run_dir, predicted, measured, stage=stage.name, kind=stage.kind,
                        model=model_config.get("model_type", "?"))
     return figures

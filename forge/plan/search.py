@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from forge.plan.flops import (decode_flops_per_token, forward_flops_per_token, recompute_flops_per_token,
-                              training_flops_per_token)
+from forge.plan.flops import (decode_flops_per_token, forward_flops_per_token, layer_forward_flops_per_token,
+                              recompute_flops_per_token, training_flops_per_token)
 from forge.plan.hardware import System
 from forge.plan.memory import STATE_BYTES, Memory, act_bytes_for, memory_per_chip, params_per_chip
 from forge.plan.model import ModelSpec, ParamCount, count_parameters
-from forge.plan.parallel import Layout, StepTime, step_time
+from forge.plan.parallel import ADAM_BYTES_PER_PARAM, Layout, StepTime, step_time
+from forge.plan.stacks import Stack, get_stack
 from forge.plan.workloads import Workload
 
 GIB = 2**30
@@ -29,21 +30,29 @@ class Context:
     workload: Workload
     system: System
     precision: str
-    mfu: float
-    sustained: float      # FLOP/s per chip
+    mfu: float            # the chip's matmul efficiency used (achieved GEMM FLOP/s / peak)
+    sustained: float      # achieved GEMM FLOP/s per chip
     flash: bool
     overhead_s: float = 0.0  # calibrated fixed cost per step (local target)
+    stack: Stack | None = None
+    attn_rate: float = 0.0   # flash-attention FLOP/s per chip
+    wide_rate: float = 0.0   # 16-bit GEMM FLOP/s: what the non-matmul work is measured against
 
     @classmethod
-    def build(cls, spec, workload, system, mfu=None, flash=True) -> "Context":
+    def build(cls, spec, workload, system, mfu=None, flash=True, stack: str | None = None) -> "Context":
         precision = workload.precision
         chip = system.chip
+        st = get_stack(stack or system.default_stack)
         sustained = chip.sustained_flops(precision, mfu)
-        effective_mfu = sustained / chip.peak_flops(precision)
-        overhead = 0.0 if mfu is not None else float(
-            (chip.calibration.get("step_overhead_s") or {}).get(precision, 0.0))
-        return cls(spec, count_parameters(spec), workload, system, precision, effective_mfu, sustained, flash,
-                   overhead)
+        effective = sustained / chip.peak_flops(precision)
+        calibrated = mfu is None and precision in (chip.calibration or {}).get("effective_tflops", {})
+        overhead = float((chip.calibration.get("step_overhead_s") or {}).get(precision, 0.0)) if calibrated else 0.0
+        # low-precision recipes (Transformer Engine FP8, MXFP8) keep attention in BF16
+        attn_prec = "bf16" if precision in ("fp8", "mxfp8", "fp4") and "bf16" in chip.peak_tflops else precision
+        bf16_rate = sustained if attn_prec == precision else chip.sustained_flops(attn_prec, mfu)
+        attn_rate = bf16_rate * (1.0 if calibrated else st.attention_efficiency)
+        return cls(spec, count_parameters(spec), workload, system, precision, effective, sustained, flash,
+                   overhead, st, attn_rate, bf16_rate)
 
 
 @dataclass(frozen=True)
@@ -56,14 +65,46 @@ class Evaluated:
 
 def hw_flops_per_seq(ctx: Context, recompute: str) -> float:
     s, wl = ctx.spec, ctx.workload
-    per_tok = training_flops_per_token(s, wl.seq_len) + recompute_flops_per_token(s, wl.seq_len, recompute)
+    # with flash attention, selective recomputation repeats elementwise ops only (no matmul FLOPs)
+    rc = "none" if recompute == "selective" and ctx.flash else recompute
+    per_tok = training_flops_per_token(s, wl.seq_len) + recompute_flops_per_token(s, wl.seq_len, rc)
     per_tok += wl.frozen_forwards * forward_flops_per_token(s, wl.seq_len)
     return per_tok * wl.seq_len
+
+
+def attn_flops_per_seq(ctx: Context, recompute: str) -> float:
+    """The attention-core (score and context) part of hw_flops_per_seq: 3 passes, 4 with full
+    recomputation, plus the frozen forwards."""
+    s, wl = ctx.spec, ctx.workload
+    core = s.layers * layer_forward_flops_per_token(s, wl.seq_len)["attn_core"]
+    passes = 3 + (1 if recompute == "full" or (recompute == "selective" and not ctx.flash) else 0)
+    return core * (passes + wl.frozen_forwards) * wl.seq_len
+
+
+def optimizer_seconds(ctx: Context, layout: Layout) -> float:
+    """The Adam update, memory bound: ADAM_BYTES_PER_PARAM per parameter this chip updates (its
+    tp*pp shard, divided over dp*cp with ZeRO). Part of the calibrated rate on the local target."""
+    if ctx.stack is not None and ctx.stack.key == "local":
+        return 0.0
+    shard = params_per_chip(ctx.pc, ctx.spec.layers, layout.tp, layout.pp)
+    if layout.zero >= 1:
+        shard /= layout.dp * layout.cp
+    bw = ctx.system.chip.hbm_tbps * 1e12 * ctx.system.memory_bandwidth_efficiency
+    return shard * ADAM_BYTES_PER_PARAM / bw
 
 
 def tp_options(ctx: Context, n: int) -> list[int]:
     cap = min(ctx.system.scale_up_chips, MAX_TP, n)
     return [t for t in (2**i for i in range(7)) if t <= cap and n % t == 0 and ctx.spec.heads % t == 0]
+
+
+def cp_options(ctx: Context, n_over_tp: int) -> list[int]:
+    """Context parallel degrees: powers of two for long sequences (>= 16K), when the stack has it;
+    each rank's chunk splits in two for causal load balancing (Megatron-Core: seq % 2cp == 0)."""
+    seq = ctx.workload.seq_len
+    if ctx.stack is None or not ctx.stack.context_parallel or seq < 16384:
+        return [1]
+    return [c for c in (2**i for i in range(6)) if n_over_tp % c == 0 and seq % (2 * c) == 0]
 
 
 def pp_options(ctx: Context, n_over_tp: int) -> list[int]:
@@ -72,26 +113,57 @@ def pp_options(ctx: Context, n_over_tp: int) -> list[int]:
     return sorted(p for p in cands if n_over_tp % p == 0)
 
 
-def layouts(ctx: Context, n: int, lean: bool = False):
+def vp_options(ctx: Context, p: int) -> list[int]:
+    """1, 2 and 4 virtual stages per chip (at least one block each), if the stack interleaves.
+    Uneven splits are allowed: Llama 3 405B ran 126 blocks on 16 stages (its paper, Sec. 3.3.2)."""
+    if p == 1 or ctx.stack is None or not ctx.stack.interleaved_pp:
+        return [1]
+    return [v for v in (1, 2, 4) if p * v <= ctx.spec.layers]
+
+
+def zero_options(ctx: Context, d: int) -> tuple[int, ...]:
+    if d == 1:
+        return (0,)
+    return ctx.stack.zero if ctx.stack is not None else (0, 1, 2, 3)
+
+
+def layouts(ctx: Context, n: int, lean: bool = False, fixed: dict | None = None):
     """Every candidate layout on n chips; lean=True yields only the least-memory variant of each
-    (tp, pp): ZeRO-3 (or none at dp 1), full recomputation, micro-batch 1."""
+    (tp, cp, pp): the deepest ZeRO the stack has, full recomputation, micro-batch 1. `fixed` pins
+    dimensions (tp, cp, pp, vp, dp, zero, recompute, micro_batch) as a published run states them."""
+    fixed = fixed or {}
     batch = ctx.workload.global_batch
-    recomputes = ("none", "full") if ctx.flash else ("none", "selective", "full")
-    for t in tp_options(ctx, n):
-        for p in pp_options(ctx, n // t):
-            d = n // (t * p)
-            if d > batch:
+
+    def pick(key, options):
+        return [fixed[key]] if key in fixed else list(options)
+
+    recomputes = pick("recompute", ("none", "selective", "full"))
+    for t in pick("tp", tp_options(ctx, n)):
+        if n % t:
+            continue
+        for c in pick("cp", cp_options(ctx, n // t)):
+            if (n // t) % c:
                 continue
-            zeros = (0,) if d == 1 else (0, 1, 2, 3)
-            if lean:
-                yield Layout(t, p, d, zeros[-1], "full", 1, math.ceil(batch / d))
-                continue
-            for zero in zeros:
-                for rc in recomputes:
-                    b = 1
-                    while b <= min(MAX_MICRO_BATCH, math.ceil(batch / d)):
-                        yield Layout(t, p, d, zero, rc, b, math.ceil(batch / (d * b)))
-                        b *= 2
+            for p in pick("pp", pp_options(ctx, n // (t * c))):
+                if (n // (t * c)) % p:
+                    continue
+                d = n // (t * c * p)
+                if d > batch or ("dp" in fixed and fixed["dp"] != d):
+                    continue
+                zeros = pick("zero", zero_options(ctx, d))
+                for v in pick("vp", vp_options(ctx, p)):
+                    if lean:
+                        yield Layout(t, p, d, max(zeros), recomputes[-1] if "recompute" in fixed else "full",
+                                     fixed.get("micro_batch", 1),
+                                     math.ceil(batch / (d * fixed.get("micro_batch", 1))), cp=c, vp=v)
+                        continue
+                    for zero in zeros:
+                        for rc in recomputes:
+                            bs = pick("micro_batch", (2**i for i in range(7)))
+                            for b in bs:
+                                if b > max(1, min(MAX_MICRO_BATCH, math.ceil(batch / d))):
+                                    break
+                                yield Layout(t, p, d, zero, rc, b, math.ceil(batch / (d * b)), cp=c, vp=v)
 
 
 def evaluate(ctx: Context, layout: Layout) -> Evaluated | None:
@@ -102,16 +174,19 @@ def evaluate(ctx: Context, layout: Layout) -> Evaluated | None:
         return None
     shard = params_per_chip(ctx.pc, ctx.spec.layers, layout.tp, layout.pp)
     w, g, _ = STATE_BYTES[ctx.precision]
+    kw = {} if ctx.stack is None else {"stack": ctx.stack}
     st = step_time(ctx.spec, ctx.system, layout, ctx.workload.seq_len, hw_flops_per_seq(ctx, layout.recompute),
-                   ctx.sustained, shard * w, shard * g, act_bytes_for(ctx.precision), ctx.overhead_s)
+                   ctx.sustained, shard * w, shard * g, act_bytes_for(ctx.precision), ctx.overhead_s,
+                   attn_flops_per_seq=attn_flops_per_seq(ctx, layout.recompute), attn_flops_rate=ctx.attn_rate,
+                   optimizer_s=optimizer_seconds(ctx, layout), wide_flops_rate=ctx.wide_rate, **kw)
     # the global batch is a hyper-parameter: fixed; slots beyond it (dp*mb*m > batch) sit idle
     return Evaluated(layout, mem, st, st.total / ctx.workload.global_batch)
 
 
-def best_layout(ctx: Context, n: int) -> Evaluated | None:
+def best_layout(ctx: Context, n: int, fixed: dict | None = None) -> Evaluated | None:
     """The fastest layout (time per sequence) that fits on n chips; ties go to less memory."""
     best = None
-    for layout in layouts(ctx, n):
+    for layout in layouts(ctx, n, fixed=fixed):
         ev = evaluate(ctx, layout)
         if ev is None:
             continue
@@ -160,9 +235,11 @@ def min_chips_to_fit(ctx: Context) -> int | None:
 
 def chips_for_goal(ctx: Context, min_fit: int | None, deadline_h: float | None,
                    budget_usd: float | None) -> tuple[int, str]:
-    """(chips, "") meeting the deadline (fewest chips) and/or budget (fastest within it), or
-    (chips, reason) when no chip count does. Chip counts are tried on a geometric ladder; when a
-    rung meets the deadline the counts skipped below it are tried too."""
+    """(chips, "") for the goal, or (chips, reason) when no chip count meets it:
+    deadline only: the fewest chips that finish in time; budget only: the fastest plan within it;
+    both: the cheapest plan that finishes in time, refused if even that exceeds the budget.
+    Chip counts are tried on a geometric ladder; when a rung meets the deadline the counts skipped
+    below it are tried too, and with a budget the ladder goes on while plans get cheaper."""
     if min_fit is None:
         return ctx.system.default_chips, explain_no_fit(ctx, ctx.system.default_chips, None)
     counts = chip_counts(ctx.system, start=min_fit)
@@ -176,21 +253,25 @@ def chips_for_goal(ctx: Context, min_fit: int | None, deadline_h: float | None,
         tried.append((n, hours, hours * n * ctx.system.usd_per_chip_hour))
         return ev, tried[-1]
 
-    def meets(row) -> bool:
-        _, hours, cost = row
-        return hours <= deadline_h and (budget_usd is None or cost <= budget_usd)
+    def in_time(row) -> bool:
+        return deadline_h is not None and row[1] <= deadline_h
 
-    last = -1
+    last, hit, dearer = -1, False, 0
     for i, n in enumerate(counts):
         if last >= 0 and n < counts[last] * 1.15:
             continue                                   # thin the list to a geometric ladder
         got = attempt(n)
-        if got and deadline_h is not None and meets(got[1]):
-            for m in counts[last + 1:i]:               # the fewest chips: try the skipped rungs
-                below = attempt(m)
-                if below and meets(below[1]):
-                    return m, ""
-            return n, ""
+        if got and in_time(got[1]):
+            if not hit:
+                for m in counts[last + 1:i]:           # the fewest chips: try the skipped rungs
+                    attempt(m)
+                hit = True
+            if budget_usd is None:
+                break
+            cheapest = min(x[2] for x in tried if in_time(x))
+            dearer = dearer + 1 if got[1][2] > cheapest else 0
+            if dearer >= 3:
+                break                                  # past the cheapest: more chips only cost more
         last = i
         if got and got[0].layout.dp >= ctx.workload.global_batch:
             break                                      # more chips cannot add data parallelism
@@ -203,9 +284,18 @@ def chips_for_goal(ctx: Context, min_fit: int | None, deadline_h: float | None,
         n, hours, cost = min(tried, key=lambda x: x[2])
         return n, (f"budget ${budget_usd:,.0f} cannot be met on {ctx.system.name}: the cheapest plan found "
                    f"costs ${cost:,.0f} ({n} chips, {hours:,.1f} h)")
+    on_time = [x for x in tried if in_time(x)]
+    if on_time and budget_usd is None:
+        return min(on_time)[0], ""
+    if on_time:
+        n, hours, cost = min(on_time, key=lambda x: (x[2], x[0]))
+        if cost <= budget_usd:
+            return n, ""
+        return n, (f"deadline {deadline_h:g} h and budget ${budget_usd:,.0f} cannot both be met on "
+                   f"{ctx.system.name}: the cheapest plan that meets the deadline costs ${cost:,.0f} "
+                   f"({n} chips, {hours:,.1f} h)")
     n, hours, cost = min(tried, key=lambda x: x[1])
-    extra = f" within budget ${budget_usd:,.0f}" if budget_usd is not None else ""
-    return n, (f"deadline {deadline_h:g} h cannot be met{extra} on {ctx.system.name}: the fastest plan "
+    return n, (f"deadline {deadline_h:g} h cannot be met on {ctx.system.name}: the fastest plan "
                f"found takes {hours:,.1f} h on {n} chips (${cost:,.0f}); the global batch of "
                f"{ctx.workload.global_batch} sequences limits data parallelism")
 

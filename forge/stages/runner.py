@@ -91,7 +91,7 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
                 result = KINDS[stage.kind].runner()(stage, inputs)
             tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
-                log_measured(tracker, p.model_config, stage, result.steps, result.metrics)
+                log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
               "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),

@@ -60,10 +60,26 @@ def test_list_targets_and_calibrate(tmp_path, capsys):
     cfg = tiny_config("llama").to_dict()
     for seq in (64, 256):
         pred = predict_local_step(cfg, seq, 2, 1, "fp32")
-        record_measurement(tmp_path, pred, {"step_time_s": pred["flops_per_step"] / 2e10, "precision": "fp32",
-                                            "flops_per_step": pred["flops_per_step"]})
+        record_measurement(tmp_path / f"seq{seq}", pred, {"step_time_s": pred["flops_per_step"] / 2e10,
+                                                          "precision": "fp32", "flops_per_step": pred["flops_per_step"]})
     assert _run(["--calibrate", "--runs", str(tmp_path)]) == 0
-    assert "calibrated local from 2 run(s): fp32: 0.02 TFLOP/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "calibrated local from 2 run(s): fp32: 0.02 TFLOP/s" in out and "used: seq256, seq64" in out
+    cal = tmp_path / "calibration.yaml"
+    assert cal.is_file()
+    with pytest.raises(ForgeError, match="needs --runs"):
+        _run(["--calibrate"])
+    # applied only when asked: with --calibration the local step time is the calibrated one
+    argv = ["--model", str(tmp_path / "cfg"), "--steps", "10", "--seq-len", "256", "--global-batch", "2",
+            "--precision", "fp32", "--json"]
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(cfg))
+    _run(argv)
+    plain = json.loads(capsys.readouterr().out)[0]
+    _run(argv + ["--calibration", str(cal)])
+    calibrated = json.loads(capsys.readouterr().out)[0]
+    assert calibrated["step_time_s"] == pytest.approx(pred["flops_per_step"] / 2e10, rel=1e-6)
+    assert plain["step_time_s"] != pytest.approx(calibrated["step_time_s"], rel=0.01)
 
 
 def test_parse_count():

@@ -6,8 +6,8 @@ from forge.errors import ForgeError
 from forge.plan.hardware import (PACKAGE_CATALOG, get_system, known_targets, load_catalog, parse_targets,
                                  system_totals)
 
-CHIP_FIELDS = ("peak_tflops", "hbm_gib", "hbm_tbps", "link_GBps", "link_latency_us", "chip_w",
-               "system_w_per_chip", "mfu")
+CHIP_FIELDS = ("peak_tflops", "hbm_gb", "hbm_tbps", "link_GBps", "link_latency_us", "chip_w",
+               "system_w_per_chip", "matmul_efficiency")
 SYSTEM_FIELDS = ("chips_per_instance", "scale_up_chips", "scale_up_GBps", "scale_up_latency_us",
                  "scale_out_GBps", "scale_out_latency_us", "price")
 
@@ -79,8 +79,8 @@ def test_user_file_overrides_and_extends(tmp_path, monkeypatch):
     assert get_system("h100").chip.peak_flops("bf16") == 989e12         # untouched fields kept
     assert get_system("my-h100-pod").default_chips == 32
     extra = tmp_path / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"chips": {"h100": {"mfu": {"bf16": 0.5}}}}))
-    assert get_system("h100", load_catalog((extra,))).chip.default_mfu("bf16") == 0.5
+    extra.write_text(yaml.safe_dump({"chips": {"h100": {"matmul_efficiency": {"bf16": 0.5}}}}))
+    assert get_system("h100", load_catalog((extra,))).chip.default_efficiency("bf16") == 0.5
 
 
 def test_parse_targets():

@@ -33,7 +33,10 @@ def test_pretrain_plan_figures_are_consistent():
 
 def test_trn3_ultraserver_beats_trn2_ultraserver_and_h100_in_time():
     trn3, trn2, h100 = compare(L8B, CPT, [("trn3", None), ("trn2", None), ("h100", 64)])
-    assert trn3.hours < h100.hours < trn2.hours
+    assert trn3.hours < h100.hours and trn3.hours < trn2.hours
+    # no published run anchors Trainium2/3: their plans say so and carry a wider band
+    assert "projection" in trn3.band_basis and "projection" in trn2.band_basis
+    assert trn3.error_band > h100.error_band > 0
 
 
 def test_70b_does_not_fit_one_h100_node_and_says_from_how_many_chips():

@@ -1,0 +1,53 @@
+"""Training stacks (stacks.yaml): what each framework overlaps and what it loses outside matmuls.
+
+A Stack is plain data read by parallel.step_time; the chip's matmul efficiency stays a property of
+the chip and precision (hardware.yaml), so the two are never counted twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from forge.errors import ForgeError
+
+STACKS_FILE = Path(__file__).with_name("stacks.yaml")
+
+
+@dataclass(frozen=True)
+class Stack:
+    key: str
+    name: str
+    non_matmul_overhead: float
+    attention_efficiency: float
+    tp_overlap: float
+    dp_overlap: float
+    cp_overlap: float
+    interleaved_pp: bool
+    context_parallel: bool
+    zero: tuple[int, ...]
+
+
+def load_stacks() -> dict:
+    return (yaml.safe_load(STACKS_FILE.read_text()) or {}).get("stacks", {})
+
+
+def known_stacks() -> list[str]:
+    return sorted(load_stacks())
+
+
+def get_stack(name: str) -> Stack:
+    stacks = load_stacks()
+    key = str(name).strip().lower()
+    if key not in stacks:
+        raise ForgeError(f"unknown stack {name!r}; known stacks: {', '.join(sorted(stacks))}")
+    raw = stacks[key]
+    return Stack(
+        key=key, name=str(raw.get("name", key)),
+        non_matmul_overhead=float(raw["non_matmul_overhead"]),
+        attention_efficiency=float(raw["attention_efficiency"]),
+        tp_overlap=float(raw["tp_overlap"]), dp_overlap=float(raw["dp_overlap"]),
+        cp_overlap=float(raw["cp_overlap"]), interleaved_pp=bool(raw["interleaved_pp"]),
+        context_parallel=bool(raw["context_parallel"]), zero=tuple(int(z) for z in raw["zero"]),
+    )
