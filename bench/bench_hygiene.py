@@ -31,8 +31,8 @@ def bench_hygiene(path: str | Path = DEFAULT, repeats: int = 3) -> dict:
     # boilerplate with them, count as contaminated in the "all" mode.
     eval_texts = [t for _, t in list(_records(path))[-50:]]
     modes = {
-        "pii": (HygieneConfig(dedup="off", decontam_ngram=0), ()),
-        "dedup_near": (HygieneConfig(pii="off", decontam_ngram=0), ()),
+        "pii": (HygieneConfig(dedup="off", ngram=0), ()),
+        "dedup_near": (HygieneConfig(pii="off", ngram=0), ()),
         "all": (HygieneConfig(), eval_texts),
     }
     out: dict = {"path": str(path), "mb": round(n_bytes / 1e6, 2)}

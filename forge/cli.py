@@ -70,12 +70,11 @@ def _run(args) -> int:
 
 def _quiet_libraries() -> None:
     """Library progress bars and advisories only clutter forge's own output."""
-    import logging
-
-    import mlflow  # noqa: F401  (imported first: importing it resets its logger's level)
     import transformers
 
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # "creating initial database tables" etc.
+    from forge.track import quiet_mlflow
+
+    quiet_mlflow()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

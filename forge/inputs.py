@@ -6,9 +6,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.data.prepare import clean_sources
-from forge.data.sources import Source, resolve_source
-from forge.recipe import Recipe
+from forge.data.generate import write_generated
+from forge.data.sources import Source, find_files, is_saved_dataset
+from forge.errors import ForgeError
+from forge.recipe import DataSource, Recipe
 from forge.scratch import build_scratch_base, scratch_key
+
+
+def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
+    """A recipe data source as a readable Source (writing generated text first if asked)."""
+    fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
+    common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
+    if cfg.hub is not None:
+        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split, **common)
+    if cfg.generate is not None:
+        g = cfg.generate
+        path = write_generated(g.kind, g.documents, g.seed, generated_dir / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl")
+        return Source(name, (path,), "jsonl", ("text",), cfg.split, cfg.proprietary, **common)
+    if is_saved_dataset(cfg.path):
+        files = tuple(sorted(Path(cfg.path).rglob("*.arrow")))
+        return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=Path(cfg.path), **common)
+    files = find_files(cfg.path)
+    if not files:
+        raise ForgeError(f"data.{name}.path: no readable files at {cfg.path!r}")
+    return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary, **common)
 
 
 @dataclass
@@ -25,7 +46,9 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     inside `main_process_first()` when several processes run)."""
     raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
     fingerprints = {name: src.fingerprint() for name, src in raw.items()}
-    sources, hygiene = clean_sources(recipe.hygiene, raw, recipe.data, fingerprints, out / "data")
+    evals = set(recipe.hygiene.decontaminate_against)
+    todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
+    sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data")
     if isinstance(recipe.base, str):
         base = Path(recipe.base)
     else:

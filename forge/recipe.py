@@ -17,8 +17,9 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from forge.errors import ForgeError
-from forge.recipe_data import (  # noqa: F401  (ChatFormat, GeneratedText: re-exported with the schema)
-    NAME, ChatFormat, DataSource, GeneratedText, HygieneSettings, Strict,
+from forge.data.hygiene import HygieneConfig
+from forge.recipe_data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
+    NAME, DataSource, GeneratedText, Strict,
 )
 from forge.recipe_errors import apply_overrides, format_errors, line_index
 
@@ -108,7 +109,7 @@ class Recipe(Strict):
                     Discriminator(lambda v: "<path>" if isinstance(v, str) else "<scratch>")]
     data: dict[Annotated[str, Field(pattern=NAME)], DataSource] = Field(min_length=1)
     stages: list[Stage] = Field(min_length=1)
-    hygiene: HygieneSettings = HygieneSettings()
+    hygiene: HygieneConfig = HygieneConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
     output: str

@@ -2,6 +2,8 @@
 the dotted path, the line, what was given and what was expected; dotted command-line overrides."""
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import re
 import types
@@ -61,7 +63,12 @@ def _members(node: Any) -> list:
 
 
 def _is_model(node: Any) -> bool:
-    return isinstance(node, type) and issubclass(node, BaseModel)
+    """A pydantic model, or a dataclass validated as one (FormatSpec, HygieneConfig)."""
+    return isinstance(node, type) and (issubclass(node, BaseModel) or dataclasses.is_dataclass(node))
+
+
+def _fields(node: type) -> dict:
+    return node.model_fields if issubclass(node, BaseModel) else {f.name: f for f in dataclasses.fields(node)}
 
 
 def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
@@ -72,10 +79,11 @@ def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
         for member in (m for n in nodes for m in _members(n)):
             if get_origin(member) in (list, dict):
                 step.append(get_args(member)[-1])
-            elif _is_model(member) and isinstance(part, str) and part in member.model_fields:
-                step.append(member.model_fields[part].annotation)
+            elif _is_model(member) and isinstance(part, str) and part in _fields(member):
+                field = _fields(member)[part]
+                step.append(field.annotation if hasattr(field, "annotation") else field.type)
         nodes = step
-    return sorted({k for n in nodes for m in _members(n) if _is_model(m) for k in m.model_fields})
+    return sorted({k for n in nodes for m in _members(n) if _is_model(m) for k in _fields(m)})
 
 
 def _line_of(path: tuple, lines: dict) -> str:
@@ -101,7 +109,7 @@ def format_errors(err: ValidationError, root: type[BaseModel], where: str, lines
         given = ""
         if e["type"] == "missing":
             msg = "required field is missing"
-        elif e["type"] == "extra_forbidden":
+        elif e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = f"unknown key; expected one of {_allowed_keys(root, loc[:-1])}"
         elif not isinstance(e.get("input"), (dict, list)):
             given = f" (given: {e['input']!r})"

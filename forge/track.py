@@ -206,6 +206,13 @@ def _requirements() -> list[str]:
     return out
 
 
+def quiet_mlflow() -> None:
+    """MLflow's INFO lines ("creating initial database tables", ...) only clutter forge's output."""
+    import mlflow  # noqa: F401  (imported first: importing it resets its logger's level)
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
 def null_tracker() -> Tracker:
     """For ranks other than 0, and for code paths that must not log."""
     return Tracker("", "", enabled=False)

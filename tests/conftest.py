@@ -41,7 +41,7 @@ def _isolated_mlflow():
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer, hidden-32 Llama with a BPE tokenizer, built once."""
-    from forge.data.sources import resolve_source
+    from forge.inputs import resolve_source
     from forge.recipe import DataSource, GeneratedText, ScratchBase
     from forge.scratch import build_scratch_base
 
@@ -54,7 +54,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def generated_sources(tiny_checkpoint) -> dict:
-    from forge.data.sources import resolve_source
+    from forge.inputs import resolve_source
     from forge.recipe import DataSource, GeneratedText
 
     root = tiny_checkpoint.parent

@@ -68,6 +68,11 @@ BAD = {
     "soup weights count": (lambda t: base_recipe(t, stages=[
         pretrain_stage("a"), pretrain_stage("b"), {"name": "s", "kind": "soup", "ingredients": ["a", "b"], "weights": [1]}]),
         "give one weight per ingredient (2), got 1"),
+    "unknown hygiene key": (lambda t: base_recipe(t, hygiene={"ngrams": 5}),
+                            "hygiene.ngrams: unknown key; expected one of ['decontam_min_ngram'"),
+    "unknown chat key": (lambda t: base_recipe(t, data={"general": {"generate": {"kind": "stories", "documents": 3},
+                                                                    "chat": {"kind": "messages", "loss": "all"}}}),
+                         "data.general.chat.loss: unknown key"),
     "infinite eps": (lambda t: _with_stage(t, optim={"eps": float("inf")}), "stages[0].optim.eps"),
     "dot-dot stage name": (lambda t: _with_stage(t, name=".."), "stages[0].name"),
     "spike factor below one": (lambda t: _with_stage(t, guard={"spike_factor": 0.5}), "stages[0].guard.spike_factor"),

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Literal
 
+from pydantic import ConfigDict
+
 from forge.errors import ForgeError
 
 IGNORE = -100
@@ -44,15 +46,15 @@ Kind = Literal["messages", "instruction", "prompt_completion", "preference", "hh
 
 @dataclass
 class FormatSpec:
-    """How records map to conversations and which tokens carry loss (the recipe converts into this)."""
+    """How records map to conversations and which tokens carry loss: a data source's `chat:`
+    section in the recipe (pydantic validates this dataclass there)."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
     kind: Kind
     fields: dict[str, str] = field(default_factory=dict)  # logical name -> record field
     roles: dict[str, str] = field(default_factory=dict)  # extra role names, e.g. {"human": "user", "gpt": "assistant"}
     chat_template: str | None = None
     loss_on: Literal["assistant", "all", "last_assistant"] = "assistant"
-    on_error: Literal["fail", "skip"] = "fail"
-    max_errors: int = 100
     too_long: Literal["truncate", "drop"] = "drop"
 
     def __post_init__(self) -> None:
@@ -67,13 +69,6 @@ class FormatSpec:
 
     def field_name(self, logical: str) -> str:
         return self.fields.get(logical, FIELDS[self.kind][logical][0])
-
-
-def spec_for(source) -> FormatSpec:
-    """The FormatSpec of a recipe data source (forge.recipe.DataSource with `chat` set)."""
-    chat = source.chat
-    return FormatSpec(chat.kind, dict(chat.fields), dict(chat.roles), chat.chat_template, chat.loss_on,
-                      source.on_error, source.max_errors, chat.too_long)
 
 
 @dataclass
@@ -350,20 +345,21 @@ def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[d
 
 
 # ------------------------------------------------------------------------------------ streaming
-def _records(rows: Iterable[tuple[int, str, Any]], spec: FormatSpec, source_name: str, stats: FormatStats, make):
+def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, make,
+             on_error: str, max_errors: int):
     for _record, where, row in rows:
         stats.records += 1
         try:
             ex = make(row, where)
         except RecordError as e:
-            if spec.on_error == "fail":
+            if on_error == "fail":
                 raise
             stats.skipped_errors += 1
             if len(stats.errors) < 5:
                 stats.errors.append(str(e))
-            if stats.skipped_errors > spec.max_errors:
-                raise ForgeError(f"data source {source_name!r}: more than {spec.max_errors} bad records "
-                                 f"(on_error: skip, max_errors: {spec.max_errors}); first: {stats.errors[0]}; "
+            if stats.skipped_errors > max_errors:
+                raise ForgeError(f"data source {source_name!r}: more than {max_errors} bad records "
+                                 f"(on_error: skip, max_errors: {max_errors}); first: {stats.errors[0]}; "
                                  f"last: {e}") from None
             continue
         if ex is not None:
@@ -372,17 +368,21 @@ def _records(rows: Iterable[tuple[int, str, Any]], spec: FormatSpec, source_name
 
 
 def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                 source_name: str, stats: FormatStats) -> Iterator[dict]:
-    """Stream {'input_ids', 'labels'} from (record number, 'file:line N', row) triples."""
+                 source_name: str, stats: FormatStats, on_error: str = "fail", max_errors: int = 100) -> Iterator[dict]:
+    """Stream {'input_ids', 'labels'} from (record number, 'file:line N', row) triples. A bad record
+    raises, or with on_error 'skip' is counted (more than `max_errors` still raise)."""
     enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, spec, source_name, stats,
-                    lambda row, where: tokenize_sft(to_messages(row, spec, where), enc, spec, seq_len, stats, where))
+    return _records(rows, source_name, stats,
+                    lambda row, where: tokenize_sft(to_messages(row, spec, where), enc, spec, seq_len, stats, where),
+                    on_error, max_errors)
 
 
 def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                        source_name: str, stats: FormatStats) -> Iterator[dict]:
+                        source_name: str, stats: FormatStats, on_error: str = "fail",
+                        max_errors: int = 100) -> Iterator[dict]:
     """Stream tokenized preference pairs (see tokenize_preference)."""
     enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, spec, source_name, stats,
+    return _records(rows, source_name, stats,
                     lambda row, where: tokenize_preference(*to_preference(row, spec, where), enc, spec, seq_len,
-                                                           stats, where))
+                                                           stats, where),
+                    on_error, max_errors)

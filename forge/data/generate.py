@@ -11,8 +11,6 @@ import os
 import random
 from pathlib import Path
 
-from forge.recipe import GeneratedText
-
 _NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ben", "Lily", "Tom", "Emma", "Noah", "Ella"]
 _ANIMALS = ["cat", "dog", "bird", "fox", "rabbit", "duck", "bear", "frog", "horse", "mouse"]
 _PLACES = ["park", "forest", "garden", "river", "beach", "farm", "school", "hill", "lake", "town"]
@@ -59,16 +57,17 @@ def _facts(rng: random.Random) -> str:
     return " ".join(lines[: rng.randint(3, len(lines))])
 
 
-def write_generated(cfg: GeneratedText, path: Path) -> Path:
-    """Write `cfg.documents` documents as JSONL (atomically; reused if already written)."""
+def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
+    """Write `documents` generated documents of `kind` (stories | facts) as JSONL (atomically;
+    reused if already written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path
-    make = {"stories": _story, "facts": _facts}[cfg.kind]
-    rng = random.Random(cfg.seed)
+    make = {"stories": _story, "facts": _facts}[kind]
+    rng = random.Random(seed)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for _ in range(cfg.documents):
+        for _ in range(documents):
             f.write(json.dumps({"text": make(rng)}) + "\n")
     os.replace(tmp, path)
     return path

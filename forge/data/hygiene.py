@@ -19,32 +19,42 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Iterator, Literal
 
+from pydantic import ConfigDict
+
 from forge.data import pii as _pii
 from forge.data.dedup import ExactIndex, MinHashLSH, NgramIndex, WordHasher, shingles, words
 from forge.data.pii import PII_TYPES, Finding, redact, scan_pii
+
 from forge.errors import ForgeError
 
-__all__ = ["HygieneConfig", "HygieneStats", "Hygiene", "Finding", "PII_TYPES", "scan_pii", "redact"]
+__all__ = ["ConfigError", "HygieneConfig", "HygieneStats", "Hygiene", "Finding", "PII_TYPES", "scan_pii", "redact"]
 
 _STATE_VERSION = 1
 
 
+class ConfigError(ForgeError, ValueError):
+    """A bad setting: a ForgeError for callers, a ValueError for pydantic (the recipe's validator)."""
+
+
 @dataclass(frozen=True)
 class HygieneConfig:
-    """Plain hygiene settings (the recipe's validated model converts into this)."""
+    """Hygiene settings: the recipe's `hygiene:` section (pydantic validates this dataclass there)
+    and what `Hygiene` runs with."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
     pii: Literal["redact", "drop", "fail", "off"] = "redact"
     pii_types: tuple[str, ...] | None = None  # None = all of PII_TYPES
     dedup: Literal["exact", "near", "off"] = "near"  # "near" also removes exact duplicates
     near_threshold: float = 0.8  # estimated Jaccard similarity of word-shingle sets
-    decontam_ngram: int = 13  # 0 turns decontamination off
+    decontaminate_against: tuple[str, ...] = ()  # data sources that are evaluation sets
+    ngram: int = 13  # n-gram length for decontamination; 0 turns it off
     shingle_size: int = 5  # words per shingle for near-dedup
     num_perm: int = 128  # MinHash signature length
-    decontam_min_ngram: int = 8  # eval texts shorter than decontam_ngram but this long are matched whole
+    decontam_min_ngram: int = 8  # eval texts shorter than ngram but this long are matched whole
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ForgeError:
-            return ForgeError(f"hygiene.{name}: {why} (got {getattr(self, name)!r})")
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"hygiene.{name}: {why} (got {getattr(self, name)!r})")
 
         if self.pii not in ("redact", "drop", "fail", "off"):
             raise bad("pii", "must be one of redact, drop, fail, off")
@@ -52,13 +62,13 @@ class HygieneConfig:
             raise bad("dedup", "must be one of exact, near, off")
         if self.pii_types is not None:
             try:
-                object.__setattr__(self, "pii_types", _pii.check_types(self.pii_types))
+                object.__setattr__(self, "pii_types", tuple(_pii.check_types(self.pii_types)))
             except ValueError as e:
-                raise ForgeError(f"hygiene.pii_types: {e}") from None
+                raise ConfigError(f"hygiene.pii_types: {e}") from None
         if not 0.0 < self.near_threshold <= 1.0:
             raise bad("near_threshold", "must be in (0, 1]")
-        if not 0 <= self.decontam_ngram <= 64:
-            raise bad("decontam_ngram", "must be between 0 (off) and 64")
+        if not 0 <= self.ngram <= 64:
+            raise bad("ngram", "must be between 0 (off) and 64")
         if not 1 <= self.decontam_min_ngram <= 64:
             raise bad("decontam_min_ngram", "must be between 1 and 64")
         if not 1 <= self.shingle_size <= 64:
@@ -136,8 +146,8 @@ class Hygiene:
         self._exact = ExactIndex() if cfg.dedup != "off" else None
         self._near = MinHashLSH(cfg.near_threshold, cfg.num_perm) if cfg.dedup == "near" else None
         self._decontam = None
-        if cfg.decontam_ngram:
-            index = NgramIndex(eval_texts, cfg.decontam_ngram, cfg.decontam_min_ngram, self._hash)
+        if cfg.ngram:
+            index = NgramIndex(eval_texts, cfg.ngram, cfg.decontam_min_ngram, self._hash)
             self._decontam = index if len(index) else None
         self.stats = self._new_stats()
 
@@ -241,5 +251,5 @@ class Hygiene:
         self.stats = HygieneStats.from_state(state["stats"])
 
 
-_DEDUP_KEYS = {f.name for f in fields(HygieneConfig)} - {"pii", "pii_types", "decontam_ngram",
-                                                         "decontam_min_ngram"}
+_DEDUP_KEYS = {f.name for f in fields(HygieneConfig)} - {"pii", "pii_types", "ngram", "decontam_min_ngram",
+                                                         "decontaminate_against"}

@@ -7,34 +7,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from forge.data.hygiene import Hygiene, HygieneConfig
 from forge.data.sources import Source
 from forge.files import atomic_dir
-from forge.recipe import DataSource, HygieneSettings
 
 
-def hygiene_config(h: HygieneSettings) -> HygieneConfig:
-    return HygieneConfig(pii=h.pii, pii_types=tuple(h.pii_types) if h.pii_types else None, dedup=h.dedup,
-                         near_threshold=h.near_threshold, decontam_ngram=h.ngram if h.decontaminate_against else 0)
-
-
-def clean_sources(settings: HygieneSettings, sources: dict[str, Source], cfgs: dict[str, DataSource],
-                  fingerprints: dict[str, str], out_dir: Path) -> tuple[dict[str, Source], dict[str, int]]:
-    """Sources with hygiene on replaced by their cleaned cache; returns (sources, hygiene counts)."""
-    evals = settings.decontaminate_against
-    todo = [n for n in sources if cfgs[n].cleaned and n not in evals]
+def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str], fingerprints: dict[str, str],
+                  out_dir: Path) -> tuple[dict[str, Source], dict[str, int]]:
+    """`sources` with those named in `todo` replaced by their cleaned cache, deduplicated across
+    each other and decontaminated against `cfg.decontaminate_against`; returns (sources, counts)."""
+    evals = list(cfg.decontaminate_against)
     if not todo:
         return sources, {}
-    key_data = {"settings": settings.model_dump(mode="json"), "sources": {n: fingerprints[n] for n in todo},
+    key_data = {"settings": asdict(cfg), "sources": {n: fingerprints[n] for n in todo},
                 "evals": {n: fingerprints[n] for n in evals}}
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     cache = out_dir / f"clean-{key}"
     if not (cache / "stats.json").is_file():
         eval_texts = (text for n in evals for _, text in sources[n].records())
-        hygiene = Hygiene(hygiene_config(settings), eval_texts)
+        hygiene = Hygiene(cfg, eval_texts)
         with atomic_dir(cache) as tmp:
             for name in todo:
                 with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Iterator
 
 from forge.errors import ForgeError
-from forge.recipe import DataSource
 
 def _suffix(path: Path) -> str:
     """'.jsonl' for both data.jsonl and data.jsonl.gz."""
@@ -136,31 +135,19 @@ class Source:
         return sum(p.stat().st_size for p in self.files)
 
 
-def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
-    """Turn a recipe data source into files on disk (writing generated text if asked)."""
-    fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
-    errors = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
-    if cfg.hub is not None:
-        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split, **errors)
-    if cfg.generate is not None:
-        from forge.data.generate import write_generated
-
-        g = cfg.generate
-        path = write_generated(g, generated_dir / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl")
-        return Source(name, (path,), "jsonl", ("text",), cfg.split, cfg.proprietary, **errors)
-    root = Path(cfg.path)
-    if root.is_dir() and ((root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file()):
-        files = tuple(sorted(root.rglob("*.arrow")))
-        return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=root, **errors)
+def find_files(path: str) -> tuple[Path, ...]:
+    """The readable files a path names: a file, every data file under a folder, or a glob's matches."""
+    root = Path(path)
     if root.is_dir():
-        files = tuple(sorted(p for p in root.rglob("*") if p.is_file() and _suffix(p) in _SUFFIX_FORMAT))
-    elif root.is_file():
-        files = (root,)
-    else:
-        files = tuple(sorted(Path(p) for p in glob.glob(cfg.path, recursive=True) if Path(p).is_file()))
-    if not files:
-        raise ForgeError(f"data.{name}.path: no readable files at {cfg.path!r}")
-    return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary, **errors)
+        return tuple(sorted(p for p in root.rglob("*") if p.is_file() and _suffix(p) in _SUFFIX_FORMAT))
+    if root.is_file():
+        return (root,)
+    return tuple(sorted(Path(p) for p in glob.glob(path, recursive=True) if Path(p).is_file()))
+
+
+def is_saved_dataset(path: str) -> bool:
+    root = Path(path)
+    return root.is_dir() and ((root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file())
 
 
 def _read_file(path: Path, fmt: str, split: str) -> Iterator[tuple[int, str | dict]]:

@@ -10,10 +10,10 @@ from itertools import islice
 import pytest
 
 from forge.data.formats import (
-    DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, preference_examples, spec_for,
+    DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, preference_examples,
     sft_examples, to_messages, to_preference, tokenize_sft,
 )
-from forge.data.sources import resolve_source
+from forge.inputs import resolve_source
 from forge.errors import ForgeError
 from forge.recipe import DataSource
 from forge_testing import shared_path
@@ -235,12 +235,12 @@ def test_skip_counts_bad_records_and_the_cap_raises(tmp_path, tok):
     path = tmp_path / "sft.jsonl"
     path.write_text("\n".join([GOOD] + [b[0] for b in BAD[:4]] + [GOOD, GOOD]) + "\n")
     stats = FormatStats()
-    kept = list(sft_examples(read_rows(path), tok, FormatSpec("messages", on_error="skip"), 128, "sft", stats))
+    kept = list(sft_examples(read_rows(path), tok, FormatSpec("messages"), 128, "sft", stats, on_error="skip"))
     assert len(kept) == 3 and stats.skipped_errors == 4 and stats.records == 7
     assert stats.errors[0].startswith(f"{path}:line 2: malformed JSON")
     with pytest.raises(ForgeError, match=r"more than 3 bad records.*line 2.*last: .*line 5"):
-        list(sft_examples(read_rows(path), tok, FormatSpec("messages", on_error="skip", max_errors=3), 128, "sft",
-                          FormatStats()))
+        list(sft_examples(read_rows(path), tok, FormatSpec("messages"), 128, "sft", FormatStats(),
+                          on_error="skip", max_errors=3))
 
 
 def test_spec_rejects_unknown_fields_and_roles():
@@ -273,7 +273,7 @@ def test_recipe_chat_format_maps_fields_and_rejects_unknown_ones(tmp_path, tok):
         f.write(json.dumps({"q": "What is the Zephyr pump made of?", "a": "Titanium."}) + "\n")
     cfg = DataSource(path=str(path), chat={"kind": "prompt_completion", "fields": {"prompt": "q", "completion": "a"}})
     source = resolve_source("qa", cfg, tmp_path)
-    (ex,) = list(sft_examples(source.rows(), tok, spec_for(cfg), 128, "qa", FormatStats()))
+    (ex,) = list(sft_examples(source.rows(), tok, cfg.chat, 128, "qa", FormatStats()))
     labelled = tok.decode([t for t, l in zip(ex["input_ids"], ex["labels"]) if l != -100])
     assert labelled == "Titanium." + tok.eos_token
     with pytest.raises(ValidationError, match="has no field"):

@@ -118,9 +118,9 @@ def test_decontamination_drops_13_gram_overlaps():
     assert h.stats.contaminated == 1 and h.stats.as_dict()["hygiene.contaminated"] == 1
     assert h.eval_ngrams == len(EVAL.split()) - 13 + 1
 
-    h5 = Hygiene(HygieneConfig(pii="off", decontam_ngram=5), eval_texts=[EVAL])
+    h5 = Hygiene(HygieneConfig(pii="off", ngram=5), eval_texts=[EVAL])
     assert run(h5, "a", texts) == [3]
-    off = Hygiene(HygieneConfig(pii="off", decontam_ngram=0), eval_texts=[EVAL])
+    off = Hygiene(HygieneConfig(pii="off", ngram=0), eval_texts=[EVAL])
     assert run(off, "a", texts) == [1, 2, 3]
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from forge.data.mixing import build_mixture, eval_blocks, in_holdout
-from forge.data.sources import resolve_source
+from forge.inputs import resolve_source
 from forge.errors import ForgeError
 from forge.recipe import DataSource
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 
 from forge.data.prepare import clean_sources
-from forge.data.sources import resolve_source
-from forge.recipe import DataSource, HygieneSettings
+from forge.inputs import resolve_source
+from forge.data.hygiene import HygieneConfig
+from forge.recipe import DataSource
 
 SECRET = "jane.doe@acme-corp.com"
 
@@ -13,6 +14,10 @@ SECRET = "jane.doe@acme-corp.com"
 def _write(path, texts):
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return path
+
+
+def _cleaned(cfgs):
+    return [n for n, c in cfgs.items() if c.cleaned]
 
 
 def _setup(tmp_path):
@@ -36,8 +41,8 @@ def _setup(tmp_path):
 
 def test_clean_sources_redacts_dedups_and_decontaminates(tmp_path):
     cfgs, raw, fps = _setup(tmp_path)
-    settings = HygieneSettings(decontaminate_against=["evals"], ngram=8)
-    cleaned, stats = clean_sources(settings, raw, cfgs, fps, tmp_path / "data")
+    settings = HygieneConfig(decontaminate_against=("evals",), ngram=8)
+    cleaned, stats = clean_sources(settings, raw, _cleaned(cfgs), fps, tmp_path / "data")
     crm = [t for _, t in cleaned["crm"].records()]
     wiki = [t for _, t in cleaned["wiki"].records()]
     assert len(crm) == 2 and crm[0].startswith("Customer wrote from <EMAIL> about")
@@ -50,11 +55,11 @@ def test_clean_sources_redacts_dedups_and_decontaminates(tmp_path):
 
 def test_cleaning_is_cached_by_fingerprint_and_settings(tmp_path):
     cfgs, raw, fps = _setup(tmp_path)
-    first, _ = clean_sources(HygieneSettings(), raw, cfgs, fps, tmp_path / "data")
+    first, _ = clean_sources(HygieneConfig(), raw, _cleaned(cfgs), fps, tmp_path / "data")
     written = first["crm"].files[0].stat().st_mtime_ns
-    again, _ = clean_sources(HygieneSettings(), raw, cfgs, fps, tmp_path / "data")
+    again, _ = clean_sources(HygieneConfig(), raw, _cleaned(cfgs), fps, tmp_path / "data")
     assert again["crm"].files[0].stat().st_mtime_ns == written  # reused, not recomputed
-    other, _ = clean_sources(HygieneSettings(dedup="off"), raw, cfgs, fps, tmp_path / "data")
+    other, _ = clean_sources(HygieneConfig(dedup="off"), raw, _cleaned(cfgs), fps, tmp_path / "data")
     assert first["crm"].files == again["crm"].files != other["crm"].files
     assert len(list(other["crm"].records())) == 4  # the duplicate stays; the email is still redacted
 
@@ -62,5 +67,5 @@ def test_cleaning_is_cached_by_fingerprint_and_settings(tmp_path):
 def test_no_hygiene_sources_pass_through(tmp_path):
     cfgs, raw, fps = _setup(tmp_path)
     cfgs = {n: c.model_copy(update={"proprietary": False, "hygiene": False}) for n, c in cfgs.items()}
-    cleaned, stats = clean_sources(HygieneSettings(), raw, cfgs, fps, tmp_path / "data")
+    cleaned, stats = clean_sources(HygieneConfig(), raw, _cleaned(cfgs), fps, tmp_path / "data")
     assert cleaned == raw and stats == {}

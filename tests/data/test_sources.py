@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from forge.data.sources import resolve_source
+from forge.inputs import resolve_source
 from forge.errors import ForgeError
 from forge.recipe import DataSource
 

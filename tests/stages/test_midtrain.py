@@ -79,7 +79,7 @@ def test_context_extension_128_to_512(tmp_path, tiny_checkpoint):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from forge.data.mixing import eval_blocks
-    from forge.data.sources import resolve_source
+    from forge.inputs import resolve_source
     from forge.eval.perplexity import heldout_loss
     from forge.recipe import DataSource, GeneratedText
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from forge_testing import run_stage, shared_path
-from forge.data.sources import resolve_source
+from forge.inputs import resolve_source
 from forge.recipe import DataSource, PretrainStage
 
 
