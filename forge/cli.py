@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description=plan_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan_command.add_arguments(p)
     p.set_defaults(func=plan_command.run)
+    from forge.export import command as export_command  # `forge export`, `forge deploy`
+
+    export_command.add_subcommands(sub)
     return parser
 
 
