@@ -112,14 +112,17 @@ def request_problems(request: dict) -> list[str]:
     shape = botocore.session.get_session().get_service_model("bedrock") \
         .operation_model("CreateModelImportJob").input_shape
     report = ParamValidator().validate(request, shape)
-    errors = [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()] \
+    errors = [line.strip() for line in report.generate_report().splitlines() if line.strip()] \
         if report.has_errors() else []
     return errors + _pattern_problems(request, shape, "")
 
 
 def _pattern_problems(value, shape, path: str) -> list[str]:
-    """botocore's validator skips the `pattern` trait; Bedrock's API enforces it."""
+    """botocore's validator skips the `pattern` and `max` traits; Bedrock's API enforces them."""
     kind = shape.type_name
+    limit = shape.metadata.get("max")
+    if limit is not None and isinstance(value, (str, list)) and len(value) > limit:
+        return [f"{path} is {len(value)} long; at most {limit} allowed"]
     if kind == "structure" and isinstance(value, dict):
         return [p for k, v in value.items() if k in shape.members
                 for p in _pattern_problems(v, shape.members[k], f"{path}.{k}" if path else k)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,7 @@ def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str,
         pending.setdefault(i, {})[name] = t.contiguous()
         if len(pending[i]) == len(shards[i]):  # a shard is written as soon as it is complete
             save_file(pending.pop(i), str(tmp / files[i]), metadata={"format": "pt"})
+            os.chmod(tmp / files[i], 0o644)  # safetensors writes owner-only; an export is for sharing
     index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": {n: files[shard_of[n]] for n in sizes}}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return n_params
