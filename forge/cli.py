@@ -1,4 +1,4 @@
-"""The `forge` command: validate, plan and run recipes (eval, export and deploy arrive later)."""
+"""The `forge` command: validate, plan and run recipes; export and deploy Novellas (eval arrives later)."""
 from __future__ import annotations
 
 import argparse

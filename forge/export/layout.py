@@ -50,6 +50,9 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     if opts.format not in ("bedrock", "hf") or opts.dtype not in TORCH:
         raise ForgeError(f"--format must be bedrock or hf and --dtype bf16 or fp16 (got {opts.format}, {opts.dtype})")
     is_bedrock = opts.format == "bedrock"
+    for folder in {src.folder, src.model_folder}:
+        if Path(out).resolve() == folder or folder.is_relative_to(Path(out).resolve()):
+            raise ForgeError(f"--out {out}: would replace the source {folder}; choose another folder")
     config = json.loads((src.model_folder / "config.json").read_text())
     config_out, config_changes = compat.translate_config(config, opts.dtype)
     tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
@@ -84,7 +87,8 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
             **info,
             "runtime_transformers": compat.rules()["runtime_transformers"],
             "names": {"importedModelName": name, "jobName": job},
-            "source": {"spec": src.spec, "folder": str(src.folder), "lora_base": str(src.base) if src.base else None,
+            "source": {"spec": src.spec, "folder": str(src.folder) if Path(src.spec).is_dir() else None,
+                       "lora_base": str(src.base) if src.base else None,
                        "run_id": src.run_id, "tracking_uri": redact_uri(src.tracking_uri), "versions": src.versions},
             "config_changes": config_changes, "tokenizer_changes": tok_changes,
             "files": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())},

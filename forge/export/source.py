@@ -50,9 +50,13 @@ def resolve(spec: str, tracking_uri: str | None, workdir: Path) -> Source:
         lineage = _read_lineage(src.folder)
         uri = tracking_uri or _recipe_tracking_uri(src.folder)
         if lineage is not None and uri is not None:
-            src.tracking_uri, src.run_id = uri, track.find_novella_run(uri, lineage)
-            if src.run_id:
-                src.versions = [f"{n}/{v}" for n, v in track.registered_versions_of_run(src.run_id, uri)]
+            try:
+                src.run_id = track.find_novella_run(uri, lineage)
+                if src.run_id:
+                    src.tracking_uri = uri
+                    src.versions = [f"{n}/{v}" for n, v in track.registered_versions_of_run(src.run_id, uri)]
+            except Exception:  # an unreachable store: the export goes on, unrecorded (it says so)
+                src.run_id = None
     elif RUN_ID.fullmatch(spec):
         uri = _need_uri(spec, tracking_uri)
         versions = track.registered_versions_of_run(spec, uri)

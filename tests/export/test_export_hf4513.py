@@ -4,6 +4,7 @@ forge's transformers 5 computes from the same files. Slow (about a minute to bui
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def test_exports_load_under_transformers_4_51_3(venv_python, tiny_checkpoint, tm
         exports[kind] = tmp_path / "out" / kind
         export(resolve(str(src), None, tmp_path / "work"), exports[kind], ExportOptions(), log=lambda *_: None)
     run = subprocess.run([str(venv_python), str(HERE / "hf4513_check.py"), json.dumps(PROMPTS),
-                          *map(str, exports.values())], capture_output=True, text=True, timeout=300)
+                          *map(str, exports.values())], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     for kind, folder in exports.items():
