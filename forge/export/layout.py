@@ -68,6 +68,10 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
                   is_bedrock, importedModelName=name, jobName=job)
     if not (tok_folder / "tokenizer.json").is_file():
         raise ForgeError(f"{tok_folder}: no tokenizer.json (the fast tokenizer file Bedrock needs)")
+    if opts.role_arn and opts.s3_uri:  # the job request is checked now too, then rebuilt with the manifest hash
+        if not is_bedrock:
+            raise ForgeError("--role-arn/--s3-uri write a Bedrock import job: use --format bedrock")
+        bedrock.job_request(job, name, opts.role_arn, opts.s3_uri, bedrock.lineage_tags(src.lineage))
 
     out = Path(out)
     with atomic_dir(out) as tmp:
@@ -101,8 +105,6 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         request = None
         if opts.role_arn and opts.s3_uri:
-            if not is_bedrock:
-                raise ForgeError("--role-arn/--s3-uri write a Bedrock import job: use --format bedrock")
             request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
     log(f"exported {src.spec} -> {out} ({opts.format}, {opts.dtype}, {len(manifest['files'])} files, "
         f"{manifest['weight_bytes'] / 1e6:.1f} MB of weights)")

@@ -180,3 +180,16 @@ def test_lora_adapter_is_merged(tiny_checkpoint, tmp_path):
     assert not torch.equal(tensors[key], base_w[key].to(torch.bfloat16))
     k = "model.layers.0.mlp.up_proj.weight"
     assert torch.equal(tensors[k], base_w[k].to(torch.bfloat16))  # untouched modules stay the base's
+
+
+def test_bad_job_request_is_refused_before_writing(tiny_checkpoint, tmp_path):
+    src = save_tiny("qwen2", tmp_path / "q", tiny_checkpoint)
+    with pytest.raises(ForgeError, match=r"bedrock-import-job.json: roleArn 'admin' does not match"):
+        _export(src, tmp_path / "e", tmp_path, role_arn="admin", s3_uri="s3://forge-models/q/")
+    with pytest.raises(ForgeError, match="use --format bedrock"):
+        _export(src, tmp_path / "e", tmp_path, format="hf", role_arn="admin", s3_uri="s3://forge-models/q/")
+    assert not (tmp_path / "e").exists()
+    _export(src, tmp_path / "e", tmp_path, role_arn="arn:aws:iam::123456789012:role/Import",
+            s3_uri="s3://forge-models/q/")
+    request = json.loads((tmp_path / "e/bedrock-import-job.json").read_text())
+    assert bedrock.request_problems(request) == [] and request["importedModelName"] == "q"
