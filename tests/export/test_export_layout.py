@@ -193,3 +193,15 @@ def test_bad_job_request_is_refused_before_writing(tiny_checkpoint, tmp_path):
             s3_uri="s3://forge-models/q/")
     request = json.loads((tmp_path / "e/bedrock-import-job.json").read_text())
     assert bedrock.request_problems(request) == [] and request["importedModelName"] == "q"
+
+
+def test_cli_refusal_is_one_line(tiny_checkpoint, tmp_path, capsys):
+    from forge import cli
+
+    src = save_tiny("gpt2", tmp_path / "g", tiny_checkpoint)
+    assert cli.main(["export", str(src), "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forge: error: cannot export: architecture GPT2LMHeadModel is not supported")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert cli.main(["export", str(src), "--out", str(tmp_path / "e"), "--max-shard-size", "lots"]) == 2
+    assert "--max-shard-size 'lots'" in capsys.readouterr().err
