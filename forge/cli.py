@@ -1,4 +1,4 @@
-"""The `forge` command: validate, plan and run recipes (eval, export and deploy arrive later)."""
+"""The `forge` command: validate, plan and run recipes; export and deploy Novellas (eval arrives later)."""
 from __future__ import annotations
 
 import argparse
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description=plan_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan_command.add_arguments(p)
     p.set_defaults(func=plan_command.run)
+    from forge.export import command as export_command  # `forge export`, `forge deploy`
+
+    export_command.add_subcommands(sub)
     return parser
 
 

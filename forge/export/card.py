@@ -1,0 +1,41 @@
+"""MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to import it."""
+from __future__ import annotations
+
+
+def model_card(name: str, lineage: dict | None, config: dict, info: dict) -> str:
+    lines = [f"# {name}", "",
+             f"A {info['architecture']} model ({info['parameters']:,} parameters, {info['dtype']} weights, "
+             f"context {config.get('max_position_embeddings', config.get('n_positions', '?'))}) exported by forge "
+             f"in the {'Amazon Bedrock Custom Model Import' if info['format'] == 'bedrock' else 'Hugging Face'} "
+             "layout. `forge-manifest.json` holds the sha256 of every file and the full lineage.", ""]
+    if lineage:
+        base = lineage.get("base", {}).get("spec")
+        lines += ["## Lineage", "", f"- recipe: `{lineage.get('name')}` (created {lineage.get('created')}, "
+                  f"forge {lineage.get('forge_version')})",
+                  f"- base: `{base if isinstance(base, str) else 'built from scratch: ' + str(base)}`", ""]
+        if lineage.get("stages"):
+            lines += ["| stage | kind | steps | tokens | final metrics |", "|---|---|---|---|---|"]
+            for s in lineage["stages"]:
+                tokens = sum((s.get("tokens_by_source") or {}).values())
+                metrics = ", ".join(f"{k}={v:.4g}" for k, v in (s.get("metrics") or {}).items()
+                                    if k in ("loss", "eval_loss"))
+                lines.append(f"| {s['name']} | {s['kind']} | {s.get('steps', '')} | {tokens:,} | {metrics} |")
+            lines.append("")
+        if lineage.get("data"):
+            lines += ["| data source | proprietary | tokens trained | sha256 |", "|---|---|---|---|"]
+            for n, d in sorted(lineage["data"].items()):
+                lines.append(f"| {n} | {'yes' if d.get('proprietary') else 'no'} | {d.get('tokens', 0):,} | "
+                             f"`{str(d.get('sha256', ''))[:16]}` |")
+            lines.append("")
+    else:
+        lines += ["## Lineage", "", "Not recorded (the source was not a forge Novella).", ""]
+    template = {"model": "the model's own", "given": "supplied at export",
+                "default": "forge's generic `role: content` template (the model had none)",
+                "none": "none"}[info["chat_template"]]
+    lines += ["## Use", "", f"- chat template: {template}",
+              "- load: `AutoModelForCausalLM.from_pretrained(folder)` (transformers 4.51.3 or later)",
+              "- Bedrock: `forge deploy FOLDER --s3-uri s3://bucket/prefix/ --role-arn ARN` uploads it and "
+              "starts a Custom Model Import job", "",
+              "Intended use and limitations follow from the data above: the model knows what it was trained "
+              "on and nothing newer; evaluate it on your own tasks before use.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""`forge export`: write a checkpoint in the Hugging Face layout Bedrock Custom Model Import accepts.
+
+config.json for transformers 4.51.3, safetensors shards in bf16/fp16 with an index, the tokenizer
+files with the chat template inline, generation_config.json, MODEL_CARD.md, forge-manifest.json
+(sha256 of every file, lineage) and, given a role and an S3 URI, bedrock-import-job.json. Every
+check runs before anything is written, and the folder appears whole or not at all.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import torch
+
+import forge
+from forge.errors import ForgeError
+from forge.export import bedrock, compat
+from forge.export.card import model_card
+from forge.export.source import Source, source_tensors, tensor_specs
+from forge.files import atomic_dir
+
+MANIFEST = "forge-manifest.json"
+JOB_REQUEST = "bedrock-import-job.json"
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "spiece.model")
+
+
+@dataclass
+class ExportOptions:
+    format: str = "bedrock"            # bedrock | hf (same layout, no Bedrock-only rules)
+    dtype: str = "bf16"                # bf16 | fp16
+    max_shard_bytes: int = 5 * 1024**3
+    model_name: str | None = None      # importedModelName (default: the recipe's name)
+    job_name: str | None = None
+    role_arn: str | None = None        # with s3_uri: write bedrock-import-job.json now
+    s3_uri: str | None = None
+    chat_template: str | None = None   # replaces the model's (or the default, if it has none)
+    verify: bool = False
+
+
+def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
+    """Check, then write the export to `out`; return the manifest."""
+    if opts.format not in ("bedrock", "hf") or opts.dtype not in TORCH:
+        raise ForgeError(f"--format must be bedrock or hf and --dtype bf16 or fp16 (got {opts.format}, {opts.dtype})")
+    is_bedrock = opts.format == "bedrock"
+    for folder in {src.folder, src.model_folder}:
+        if Path(out).resolve() == folder or folder.is_relative_to(Path(out).resolve()):
+            raise ForgeError(f"--out {out}: would replace the source {folder}; choose another folder")
+    config = json.loads((src.model_folder / "config.json").read_text())
+    config_out, config_changes = compat.translate_config(config, opts.dtype)
+    tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
+    tok_config = _read_json(tok_folder / "tokenizer_config.json")
+    template, template_from = _chat_template(tok_folder, tok_config, opts, is_bedrock)
+    tok_out, tok_changes = compat.translate_tokenizer_config(tok_config or {}, template)
+    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
+    sizes = {n: _numel(s) * (TORCH[opts.dtype].itemsize if dt_.is_floating_point else dt_.itemsize)
+             for n, (dt_, s) in specs.items()}
+    name = opts.model_name or bedrock.model_name((src.lineage or {}).get("name") or src.model_folder.name)
+    job = opts.job_name or bedrock.job_name(name)
+    bedrock.check(config_out, tok_out.get("tokenizer_class") if tok_config else None, sum(sizes.values()),
+                  is_bedrock, importedModelName=name, jobName=job)
+    if not (tok_folder / "tokenizer.json").is_file():
+        raise ForgeError(f"{tok_folder}: no tokenizer.json (the fast tokenizer file Bedrock needs)")
+    if opts.role_arn and opts.s3_uri:  # the job request is checked now too, then rebuilt with the manifest hash
+        if not is_bedrock:
+            raise ForgeError("--role-arn/--s3-uri write a Bedrock import job: use --format bedrock")
+        bedrock.job_request(job, name, opts.role_arn, opts.s3_uri, bedrock.lineage_tags(src.lineage))
+
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        n_params = _write_weights(src, tmp, opts, sizes)
+        (tmp / "config.json").write_text(json.dumps(config_out, indent=2) + "\n")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_out, indent=2) + "\n")
+        for f in TOKENIZER_FILES:
+            if (tok_folder / f).is_file():
+                shutil.copy2(tok_folder / f, tmp / f)
+        (tmp / "generation_config.json").write_text(json.dumps(_generation_config(src, config_out), indent=2) + "\n")
+        info = {"format": opts.format, "dtype": opts.dtype, "architecture": (config_out.get("architectures") or ["?"])[0],
+                "parameters": n_params, "weight_bytes": sum(sizes.values()), "chat_template": template_from}
+        (tmp / "MODEL_CARD.md").write_text(model_card(name, src.lineage, config_out, info))
+        manifest = {
+            "forge_version": forge.__version__,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            **info,
+            "runtime_transformers": compat.rules()["runtime_transformers"],
+            "names": {"importedModelName": name, "jobName": job},
+            "source": {"spec": src.spec, "folder": str(src.folder) if Path(src.spec).is_dir() else None,
+                       "lora_base": str(src.base) if src.base else None,
+                       "run_id": src.run_id, "tracking_uri": redact_uri(src.tracking_uri), "versions": src.versions},
+            "config_changes": config_changes, "tokenizer_changes": tok_changes,
+            "files": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())},
+            "lineage": src.lineage,
+        }
+        if opts.verify:
+            from forge.export.verify import verify
+
+            manifest["verification"] = verify(src, tmp, opts.dtype, log=log)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        request = None
+        if opts.role_arn and opts.s3_uri:
+            request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
+    log(f"exported {src.spec} -> {out} ({opts.format}, {opts.dtype}, {len(manifest['files'])} files, "
+        f"{manifest['weight_bytes'] / 1e6:.1f} MB of weights)")
+    _track(src, out, manifest, request, log)
+    return manifest
+
+
+def write_job_request(folder: Path, role_arn: str, s3_uri: str, job: str | None = None) -> dict:
+    """bedrock-import-job.json for an export folder, its tags carrying the lineage and manifest hash."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    tags = bedrock.lineage_tags(manifest.get("lineage"), {"forge:manifest_sha256": sha256(folder / MANIFEST)})
+    request = bedrock.job_request(job or manifest["names"]["jobName"], manifest["names"]["importedModelName"],
+                                  role_arn, s3_uri, tags)
+    (folder / JOB_REQUEST).write_text(json.dumps(request, indent=2) + "\n")
+    return request
+
+
+def _track(src: Source, out: Path, manifest: dict, request: dict | None, log) -> None:
+    """Log the manifest (and job request) on the Novella's MLflow run; tag its registry versions."""
+    if not (src.run_id and src.tracking_uri):
+        log("tracking: source has no MLflow run (give --tracking-uri to find it): export not logged")
+        return
+    from forge import track
+
+    files = {MANIFEST: manifest, **({JOB_REQUEST: request} if request else {})}
+    try:
+        tagged = track.log_export(src.tracking_uri, src.run_id, files, out.resolve().as_uri())
+    except Exception as e:  # the export is written and complete; only its record failed
+        log(f"tracking: warning: could not log the export on run {src.run_id}: {type(e).__name__}: {e}")
+        return
+    log(f"tracking: logged on run {src.run_id}; exported_uri tagged on {', '.join(tagged) or 'no registry version'}")
+
+
+def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str, int]) -> int:
+    """Shards of at most `max_shard_bytes` (a bigger tensor gets its own), named and indexed as
+    transformers writes them; floating tensors cast to the export dtype."""
+    from safetensors.torch import save_file
+
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes.items():
+        if shards[-1] and used + size > opts.max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    shard_of = {n: i for i, names in enumerate(shards) for n in names}
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    pending: dict[int, dict[str, torch.Tensor]] = {}
+    n_params = 0
+    for name, tensor in source_tensors(src):
+        if name not in shard_of:
+            raise ForgeError(f"{src.folder}: weight {name} appeared that the headers did not list")
+        t = tensor.to(TORCH[opts.dtype]) if tensor.is_floating_point() else tensor
+        n_params += t.numel()
+        i = shard_of[name]
+        pending.setdefault(i, {})[name] = t.contiguous()
+        if len(pending[i]) == len(shards[i]):  # a shard is written as soon as it is complete
+            save_file(pending.pop(i), str(tmp / files[i]), metadata={"format": "pt"})
+            os.chmod(tmp / files[i], 0o644)  # safetensors writes owner-only; an export is for sharing
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": {n: files[shard_of[n]] for n in sizes}}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return n_params
+
+
+def _chat_template(folder: Path, tok_config: dict | None, opts: ExportOptions, is_bedrock: bool):
+    if opts.chat_template is not None:
+        return opts.chat_template, "given"
+    own = compat.read_chat_template(folder, tok_config or {})
+    if own is not None:
+        return own, "model"
+    return (bedrock.DEFAULT_CHAT_TEMPLATE, "default") if is_bedrock else (None, "none")
+
+
+def _generation_config(src: Source, config: dict) -> dict:
+    existing = _read_json(src.model_folder / "generation_config.json") or {}
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    gen.update(existing)
+    gen["transformers_version"] = compat.rules()["runtime_transformers"]
+    return gen
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ForgeError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """A tracking URI without any user:password (never written to a manifest or logged)."""
+    if not uri:
+        return uri
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    return uri
