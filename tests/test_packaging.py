@@ -42,3 +42,18 @@ def test_dockerfile_installs_forge_with_forge_as_entrypoint():
     assert "torch==2.13.0" in runs and "pip install ." in runs
     copied = {shlex.split(r)[0] for w, r in instructions if w == "COPY"}
     assert {"forge", "pipelines"} <= copied
+
+
+def test_benchmarks_import():
+    """Benchmarks are not run by the suite, but they must at least import what exists."""
+    import importlib.util
+    import sys
+
+    for path in sorted((REPO / "bench").glob("bench_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(REPO))
+        try:
+            spec.loader.exec_module(module)  # the work itself is guarded by __name__ == "__main__"
+        finally:
+            sys.path.remove(str(REPO))

@@ -66,8 +66,9 @@ def average_weights(folders: list[Path], weights: list[float] | None = None) -> 
     return {k: v.to(dtypes[k]) for k, v in acc.items()}
 
 
-def save_averaged(folders: list[Path], weights: list[float] | None, out: Path) -> Path:
-    """Average `folders` into a Hugging Face folder at `out` (config and tokenizer of the first)."""
+def save_averaged(folders: list[Path], weights: list[float] | None, out: Path, extra: dict[str, str] | None = None) -> Path:
+    """Average `folders` into a Hugging Face folder at `out` (config and tokenizer of the first),
+    written atomically with the `extra` text files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from forge.files import atomic_dir
@@ -80,4 +81,6 @@ def save_averaged(folders: list[Path], weights: list[float] | None, out: Path) -
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(folders[0]).save_pretrained(tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
     return Path(out)
