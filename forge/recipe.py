@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from forge.base_check import check_base
 from forge.errors import ForgeError
 from forge.recipe_data import (  # noqa: F401  (ChatFormat, GeneratedText: re-exported with the schema)
     NAME, ChatFormat, DataSource, GeneratedText, HygieneSettings, Strict,
@@ -295,6 +296,8 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
                 f"{at(('base',))}: base: {recipe.base!r} is not a Hugging Face checkpoint folder "
                 "(expected a directory holding config.json)"
             )
+        else:
+            problems += [f"{at(('base',))}: base: {p}" for p in check_base(base)]  # forge/base_check.py
     elif isinstance(recipe.base, str):
         problems.append(
             f"{at(('base',))}: base: catalog references ({recipe.base!r}) are not available yet; "
