@@ -31,7 +31,7 @@ def _load(input_ckpt: Path):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(input_ckpt)
-        model = AutoModelForCausalLM.from_pretrained(input_ckpt, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(input_ckpt, dtype=torch.float32, use_safetensors=True)
     except (OSError, ValueError) as e:
         raise ForgeError(f"cannot load checkpoint {input_ckpt}: {e}") from None
     return model, tokenizer

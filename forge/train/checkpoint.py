@@ -6,13 +6,19 @@ import json
 import random
 from pathlib import Path
 
+import pickle
+
 import numpy as np
 import torch
 
+from forge.errors import ForgeError
 from forge.files import atomic_dir
 
 STATE = "forge_state.json"      # step, data loader position, stage result when final
 TRAINING = "training_state.pt"  # optimizer, scheduler, RNG: intermediate checkpoints only
+# What numpy's RNG state (a uint32 array) unpickles through; nothing else beyond torch's defaults.
+_RNG_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType,
+                getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
 
 
 def save_checkpoint(model, tokenizer, path: Path, state: dict | None = None, training: dict | None = None) -> Path:
@@ -34,7 +40,15 @@ def training_state(optimizer, scheduler) -> dict:
 
 def restore_training_state(path: Path, optimizer, scheduler) -> dict:
     """Load optimizer, scheduler and RNG states saved at `path`; return its forge_state.json."""
-    training = torch.load(Path(path) / TRAINING, weights_only=False)  # our own file: RNG states are tuples
+    file = Path(path) / TRAINING
+    try:  # weights_only: a planted pickle payload is refused, never run; numpy's RNG state is allowed
+        with torch.serialization.safe_globals(_RNG_GLOBALS):
+            training = torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ForgeError(f"{file}: refused: it holds objects that are not allowed in a training state "
+                         f"(loading is weights_only): {str(e).splitlines()[0][:200]}") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
     optimizer.load_state_dict(training["optimizer"])
     scheduler.load_state_dict(training["scheduler"])
     torch.set_rng_state(training["rng"]["torch"])
