@@ -13,6 +13,7 @@ from forge.errors import ForgeError
 
 MAX_NODES = 100_000  # a real recipe has a few hundred nodes; aliases may not expand past this
 MAX_DEPTH = 64       # the schema nests about six deep
+MAX_BYTES = 1 << 20  # a recipe is configuration; a bigger file is a mistake (and slow to scan)
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -86,8 +87,9 @@ def line_index(root: yaml.Node | None) -> dict[tuple, int]:
 
 
 def _compose(text: str, where: str) -> tuple[object, dict[tuple, int]]:
-    loader = yaml.SafeLoader(text)  # the pure-Python one: deep nesting ends in RecursionError, not a crash
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # the pure-Python one: deep nesting ends in RecursionError, not a crash
         root = loader.get_single_node()
         if root is None:
             return None, {}
@@ -103,7 +105,8 @@ def _compose(text: str, where: str) -> tuple[object, dict[tuple, int]]:
     except TypeError as e:  # e.g. a mapping used as a key: unhashable once constructed
         raise ForgeError(f"{where}: not a valid recipe: {e}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_value(text: str, where: str) -> object:
@@ -115,6 +118,9 @@ def read_recipe_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
     """The recipe file's data and its line index; ForgeError naming the file for anything wrong."""
     where = str(path)
     try:
+        if Path(path).stat().st_size > MAX_BYTES:
+            raise ForgeError(f"{where}: {Path(path).stat().st_size:,} bytes is too big for a recipe "
+                             f"(at most {MAX_BYTES:,}); data belongs in data files the recipe names")
         data = Path(path).read_bytes()
     except OSError as e:
         raise ForgeError(f"{where}: cannot read the recipe: {e.strerror or e}") from None

@@ -93,3 +93,11 @@ def test_unhashable_and_odd_keys_are_errors_not_crashes(tmp_path):
         path.write_text(body)
         with pytest.raises(ForgeError):
             load_recipe(path)
+
+
+def test_a_huge_recipe_file_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("name: x\n# " + "y" * (2 << 20) + "\n")
+    with pytest.raises(ForgeError, match="too big for a recipe"):
+        load_recipe(path)
+
