@@ -177,7 +177,7 @@ class Tracker:
         import mlflow.transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         os.environ["HF_HUB_OFFLINE"] = "1"  # MLflow looks up a model card on the hub; a local model has none
         logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)  # ...and warns that it found none

@@ -57,3 +57,17 @@ def test_benchmarks_import():
             spec.loader.exec_module(module)  # the work itself is guarded by __name__ == "__main__"
         finally:
             sys.path.remove(str(REPO))
+
+
+def test_dockerfile_runs_as_a_non_root_user():
+    instructions = [line.strip().partition(" ")[::2] for line in (REPO / "Dockerfile").read_text().splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    words = [w.upper() for w, _ in instructions]
+    assert "USER" in words, "the image must not run forge as root"
+    last_user = max(i for i, w in enumerate(words) if w == "USER")
+    user = instructions[last_user][1].split(":")[0].strip()
+    assert user not in ("root", "0", ""), user
+    assert last_user < words.index("ENTRYPOINT")
+    # every install runs before the switch, so the runtime user cannot modify installed code
+    assert all(i < last_user for i, w in enumerate(words) if w == "RUN")
+

@@ -8,11 +8,13 @@ tokens, metrics, data position; a final checkpoint also its stage result) and `t
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
 import torch
 
+from forge.errors import ForgeError
 from forge.files import atomic_dir
 
 STATE = "forge_state.json"      # step, tokens, metrics, data position; the stage result when final
@@ -39,17 +41,29 @@ def split_state(state: dict) -> tuple[dict, dict]:
             {k: v for k, v in state.items() if k in _TENSOR_PARTS})
 
 
+def _load_training(file: Path) -> dict:
+    """training_state.pt, weights_only: a planted pickle payload is refused, never run (RNG states
+    are saved as tensors and plain types, so nothing beyond torch's safe defaults is needed)."""
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ForgeError(f"{file}: refused: it holds objects that are not allowed in a training state "
+                         f"(loading is weights_only): {str(e).splitlines()[0][:200]}") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
+
+
 def load_state(path: Path) -> dict:
     """The whole saved TrainState of a checkpoint folder (both files)."""
     state = json.loads((Path(path) / STATE).read_text())
-    state.update(torch.load(Path(path) / TRAINING, weights_only=True))
+    state.update(_load_training(Path(path) / TRAINING))
     return state
 
 
 def load_optimizer_state(path: Path) -> dict | None:
     """The optimizer moments a checkpoint kept (for optim.carry_over), or None."""
     file = Path(path) / TRAINING
-    return torch.load(file, weights_only=True).get("optimizer") if file.is_file() else None
+    return _load_training(file).get("optimizer") if file.is_file() else None
 
 
 def latest_checkpoint(folder: Path) -> Path | None:

@@ -74,7 +74,7 @@ def save_averaged(folders: list[Path], weights: list[float] | None, out: Path, e
     from forge.files import atomic_dir
 
     state = average_weights(folders, weights)
-    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32, use_safetensors=True)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise ForgeError(f"cannot average: tensors {unexpected[:5]} do not belong to {folders[0]}'s model")

@@ -73,7 +73,7 @@ def load_model(checkpoint: Path, configure: Callable | None = None):
         config = AutoConfig.from_pretrained(checkpoint)
         if configure is not None:
             config = configure(config)
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, config=config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, config=config, dtype=torch.float32, use_safetensors=True)
     except (OSError, ValueError) as e:
         raise ForgeError(f"cannot load checkpoint {checkpoint}: {e}") from None
     return model, tokenizer
