@@ -51,7 +51,11 @@ def _run(args) -> int:
     # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.stop)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with _run_folder(recipe, args, process_state()) as folder:
-        tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error)
+        try:
+            tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error)
+        except ForgeError:
+            folder.forget()  # nothing ran: the folder stays as it was
+            raise
         try:
             result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
                                   log=print if rank0 else (lambda *_: None), resume=args.resume, folder=folder)

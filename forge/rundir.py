@@ -112,6 +112,7 @@ class RunFolder:
             os.close(fd)  # releases the lock
             raise
         folder = cls(out, record, fd, allow_changed)
+        folder.fresh = _read_record(out) is None or record["run_id"] != _read_record(out).get("run_id")
         folder._save()
         return folder
 
@@ -168,6 +169,12 @@ class RunFolder:
         self.record["fingerprint"] = {**{k: v for k, v in self.record["fingerprint"].items()
                                          if not k.startswith(_INPUT)}, **new}
         self._save()
+
+    def forget(self) -> None:
+        """A fresh run that failed before any work (e.g. an unusable store): leave no record of it,
+        so that the folder does not look like an interrupted run."""
+        if getattr(self, "fresh", False):
+            (self.out / RUN).unlink(missing_ok=True)
 
     def finish(self) -> None:
         self.record["status"] = "finished"
