@@ -103,3 +103,19 @@ def test_fresh_run_marks_runs_left_running_failed(tmp_path):
     runs.save()
     RunIds.load(tmp_path).discard(tracker)
     assert [client.get_run(r).info.status for r in (parent, child)] == ["FAILED", "FAILED"]
+
+
+def test_store_gone_at_the_end_never_hides_the_error(tmp_path, monkeypatch, capsys):
+    """An output made read-only mid-run: the run's own error is what the user sees."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+
+    def readonly(*args, **kwargs):
+        raise mlflow.exceptions.MlflowException("attempt to write a readonly database")
+
+    monkeypatch.setattr(tracker._mlflow, "end_run", readonly)
+    with pytest.raises(ForgeError, match="cannot write checkpoint"):
+        with tracker.run("r"):
+            raise ForgeError("cannot write checkpoint x: Read-only file system")
+    assert "could not mark the MLflow run FAILED" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert mlflow.active_run() is None  # the next run starts clean

@@ -30,7 +30,7 @@ class Session:
     memory: PeakMemory
     out_dir: Path
     resume_from: Path | None  # the checkpoint this session continues, if resuming
-    run_id: str | None = None # the run identity stamped into (and required of) resume checkpoints
+    run_id: str | None = None  # the run identity stamped into (and required of) resume checkpoints
 
     @property
     def world(self) -> int:

@@ -65,3 +65,18 @@ def test_damaged_newest_checkpoint_falls_back_and_keep_last_n(tmp_path, monkeypa
     assert result.steps == 7 and finished_result(result.checkpoint) is not None
     (result.checkpoint / "config.json").write_text("{}")
     assert finished_result(result.checkpoint) is None  # a damaged final checkpoint is never reused
+
+
+def test_resume_point_is_taken_only_from_this_run(tmp_path):
+    import json
+
+    from forge.train.checkpoint import STATE, TRAINING, latest_checkpoint
+
+    for step, run in ((2, "this"), (4, "this"), (6, "earlier")):
+        folder = tmp_path / f"step-{step:07d}"
+        folder.mkdir()
+        (folder / STATE).write_text(json.dumps({"step": step, "run_id": run}))
+        torch.save({}, folder / TRAINING)
+    (tmp_path / "step-0000008.partial").mkdir()  # what a kill during a write leaves
+    assert latest_checkpoint(tmp_path, "this") == tmp_path / "step-0000004"
+    assert latest_checkpoint(tmp_path, "another") is None
