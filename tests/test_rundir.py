@@ -116,3 +116,20 @@ def test_cli_refuses_to_start_over_an_interrupted_run_and_a_changed_resume(tmp_p
     capsys.readouterr()
     assert cli.main(["run", str(path)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_cli_resume_refuses_changed_data(tmp_path, monkeypatch, capsys):
+    extra = tmp_path / "notes.txt"
+    extra.write_text("\n".join(f"note {i}: the valve opens at dawn." for i in range(50)))
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=3)], tracking={"register_model": False})
+    recipe["data"]["notes"] = {"path": str(extra)}
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    with monkeypatch.context() as m:
+        crash_after(m, 1)
+        assert cli.main(["run", str(path)]) == 1
+    extra.write_text(extra.read_text() + "\nnote 50: changed after the run started.")
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "inputs changed" in err and "data.notes" in err and "data.general" not in err
+    assert cli.main(["run", str(path), "--resume", "--allow-changed"]) == 0
