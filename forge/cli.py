@@ -136,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as e:
         print(f"forge: error: {e}".replace("\n", "\n  "), file=sys.stderr)
         return 2
+    except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"forge: error: {where}{e.strerror or e} (after an interrupted run, fix this and add --resume)",
+              file=sys.stderr)
+        return 2
     except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
         if os.environ.get("FORGE_DEBUG"):
             raise

@@ -67,12 +67,13 @@ class Tracker:
             prepare_sqlite_store(db)
             artifact_dir = artifact_dir or str(db.parent / "mlartifacts")
         try:
-            mlflow.set_tracking_uri(uri)
-            if mlflow.get_experiment_by_name(experiment) is None:
-                location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
-                mlflow.create_experiment(experiment, artifact_location=location)
-            mlflow.set_experiment(experiment)
-        except mlflow.exceptions.MlflowException as e:
+            with _fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
+                mlflow.set_tracking_uri(uri)
+                if mlflow.get_experiment_by_name(experiment) is None:
+                    location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
+                    mlflow.create_experiment(experiment, artifact_location=location)
+                mlflow.set_experiment(experiment)
+        except Exception as e:  # MlflowException, or the HTTP client's connection errors
             raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
 
     # ---------------------------------------------------------------------- store faults
@@ -255,6 +256,24 @@ class Tracker:
         for k, v in tags.items():
             client.set_model_version_tag(name, str(version), k, str(v)[:5000])
         return version
+
+
+@contextlib.contextmanager
+def _fail_fast(uri: str) -> Iterator[None]:
+    """For an HTTP store: no retries and a short timeout while forge first reaches it."""
+    if not uri.startswith(("http://", "https://")):
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def prepare_sqlite_store(db: Path) -> None:

@@ -54,3 +54,13 @@ def test_damaged_store_refused_before_any_work_and_folder_left_startable(tmp_pat
     assert not (tmp_path / "out" / "stages").exists()
     (tmp_path / "out" / "mlflow.db").unlink()
     assert cli.main(["run", str(path)]) == 0  # nothing started: no --resume needed
+
+
+def test_file_system_refusal_is_one_line(monkeypatch, capsys):
+    def readonly(args):
+        raise OSError(errno.EROFS, "Read-only file system", "/runs/x/novella.partial")
+
+    monkeypatch.setattr(cli, "_validate", readonly)
+    assert cli.main(["validate", "r.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forge: error: /runs/x/novella.partial: Read-only file system") and "Traceback" not in err

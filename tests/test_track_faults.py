@@ -119,3 +119,10 @@ def test_store_gone_at_the_end_never_hides_the_error(tmp_path, monkeypatch, caps
     assert "could not mark the MLflow run FAILED" in capsys.readouterr().err
     monkeypatch.undo()
     assert mlflow.active_run() is None  # the next run starts clean
+
+
+def test_unreachable_server_fails_fast():
+    start = time.monotonic()
+    with pytest.raises(ForgeError, match=r"MLflow store http://127\.0\.0\.1:9: cannot be used"):
+        Tracker("http://127.0.0.1:9", "e")
+    assert time.monotonic() - start < 30
