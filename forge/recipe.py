@@ -88,6 +88,8 @@ class Tracking(Strict):
     experiment: str | None = None
     register_model: bool = True
     alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    on_error: Literal["fail", "buffer"] = Field("fail", description="the store failing mid-run: fail the run, or "
+                                                "keep training, buffer the records and retry")
 
     @field_validator("alias")
     @classmethod
