@@ -1,4 +1,4 @@
-"""The `forge` command: validate, plan and run recipes (eval, export and deploy arrive later)."""
+"""The `forge` command: validate, plan, run and evaluate recipes (export and deploy arrive later)."""
 from __future__ import annotations
 
 import argparse
@@ -64,8 +64,23 @@ def _run(args) -> int:
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
         if result.model_uri:
             print(f"model:   {result.model_uri} (version {result.version})")
+        failed = _report_evaluation(result.evaluation)
+        if failed and args.strict:
+            return 1
         print(f"ui:      mlflow server --backend-store-uri {recipe.tracking_uri} --host 127.0.0.1 --port 5000")
     return 0
+
+
+def _report_evaluation(ev) -> list:
+    """Say where the Novella's alias went and which gates failed, by how much; the failed gates."""
+    if ev is None:
+        return []
+    if ev.decision is not None:
+        print(f"alias:   {'promoted' if ev.decision.promote else 'not promoted'}: {ev.decision.reason}")
+    failed = [g for g in ev.gates if not g.passed]
+    for g in failed:
+        print(f"forge: gate failed: {g.text}", file=sys.stderr)
+    return failed
 
 
 def _quiet_libraries() -> None:
@@ -94,12 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--force", action="store_true", help="run stages the plan says cannot fit")
             p.add_argument("--resume", action="store_true",
                            help="reuse finished stages; continue an interrupted one from its last checkpoint")
+            p.add_argument("--strict", action="store_true", help="exit 1 when an evaluation gate fails")
     from forge.plan import command as plan_command
 
     p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",
                        description=plan_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     plan_command.add_arguments(p)
     p.set_defaults(func=plan_command.run)
+    from forge.eval import command as eval_command
+
+    p = sub.add_parser("eval", help="evaluate a run's models (or any models) side by side, with gates",
+                       description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(p)
+    p.set_defaults(func=eval_command.run)
     return parser
 
 

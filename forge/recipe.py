@@ -29,6 +29,7 @@ from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schem
     stage_union,
 )
 from forge.stages import KINDS  # noqa: E402
+from forge.recipe_eval import EvalBlock  # noqa: E402
 
 STAGE_KINDS = tuple(KINDS)
 Stage = stage_union({name: k.settings for name, k in KINDS.items()})
@@ -84,7 +85,10 @@ class Tracking(Strict):
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite inside the output folder")
     experiment: str | None = None
     register_model: bool = True
-    alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    alias: str = Field("champion", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$",
+                       description="deployment alias: moves to a version only if its gates pass and it beats the "
+                                   "holder on eval.primary (every version gets 'candidate'; alias: candidate "
+                                   "gives every run the alias, as before gates)")
 
     @field_validator("alias")
     @classmethod
@@ -111,6 +115,7 @@ class Recipe(Strict):
     hygiene: HygieneSettings = HygieneSettings()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
+    eval: EvalBlock | None = Field(None, description="evaluation suite, gates and primary metric (forge.eval)")
     output: str
 
     @model_validator(mode="after")
@@ -131,6 +136,10 @@ class Recipe(Strict):
                 if src not in self.data:
                     problems.append(f"base.scratch.tokenizer_sources: unknown data source {src!r}")
             problems += context_problems(self.stages, self.base.scratch.max_position, "base.scratch.max_position")
+        if self.eval is not None:
+            for src in self.eval.sources():
+                if src not in self.data:
+                    problems.append(f"eval: unknown data source {src!r}; known: {sorted(self.data)}")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -248,6 +257,9 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         ings = stage.get("ingredients") if isinstance(stage, dict) else None
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
             stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
+    ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
+    if isinstance(ev.get("custom"), list):  # 'file.py:function': the file relative to the recipe
+        ev["custom"] = [fix(x) if isinstance(x, str) and ":" in x else x for x in ev["custom"]]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src["path"] = fix(src["path"])
