@@ -96,7 +96,7 @@ def _recipe_models(recipe, base: Path) -> dict[str, Path]:
 
 def run(args) -> int:
     from forge.cli import _quiet_libraries
-    from forge.eval.finish import Evaluation, log_comparison
+    from forge.eval.finish import NOVELLA, Evaluation, log_comparison
     from forge.eval.gates import check_gates
     from forge.eval.report import format_table, plot, to_markdown, write_json
     from forge.eval.suite import primary_metric, resolve_suite, run_suite
@@ -140,7 +140,8 @@ def run(args) -> int:
         recipe, runs = tracked
         tracker = Tracker(recipe.tracking_uri, recipe.experiment)
         with tracker.run(recipe.name, run_id=runs.parent):
-            log_comparison(tracker, ev, runs.stages)
+            last = recipe.stages[-1].name  # the Novella is the last stage's output
+            log_comparison(tracker, ev, {**runs.stages, NOVELLA: runs.stages[last]} if last in runs.stages else runs.stages)
         print(f"mlflow:  logged to run {runs.parent} ({recipe.tracking_uri})", file=sys.stderr)
     if not ev.passed:
         failed = [g for g in ev.gates if not g.passed]

@@ -87,7 +87,8 @@ def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path,
         log(f"gate {g.text}")
     lineage["evaluation"] = ev.record(suite)
     lineage["compute"] = compute_record(recipe.stages, results, plans)
-    log_comparison(tracker, ev, stage_runs)
+    last = recipe.stages[-1].name  # the Novella is the last stage's output: its run gets those figures
+    log_comparison(tracker, ev, {**stage_runs, NOVELLA: stage_runs[last]} if last in stage_runs else stage_runs)
     if recipe.tracking.register_model:
         tags = {"forge.base": base_summary(lineage["base"]["spec"]),
                 "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run_id or "",
