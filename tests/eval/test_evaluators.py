@@ -22,16 +22,19 @@ def _model(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def _memorise(model, tok, texts, steps=150):
-    """Train on each text (after and before EOS, as documents are packed) until it is memorised."""
+def _memorise(model, tok, texts, steps=60):
+    """Train on the texts (each after and before EOS, as documents are packed), one padded batch
+    per step, until they are memorised."""
     torch.manual_seed(0)
     seqs = [[tok.eos_token_id] + tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    width = max(map(len, seqs))
+    x = torch.tensor([s + [tok.eos_token_id] * (width - len(s)) for s in seqs])
+    labels = torch.tensor([s + [-100] * (width - len(s)) for s in seqs])
+    mask = (labels != -100).long()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
     model.train()
     for _ in range(steps):
-        for s in seqs:
-            x = torch.tensor([s])
-            model(input_ids=x, labels=x).loss.backward()
+        model(input_ids=x, attention_mask=mask, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad()
     return model
@@ -61,7 +64,7 @@ def test_preference_accuracy_follows_what_the_model_learned(tiny_checkpoint):
              ("Human: how many legs has a cat?\nAssistant:", " four legs.", " nine wheels."),
              ("", "Tom went to the park.", "Tom went to the moon.")]
     model, tok = _model(tiny_checkpoint)
-    _memorise(model, tok, [p + c for p, c, _ in pairs], steps=80)
+    _memorise(model, tok, [p + c for p, c, _ in pairs])
     assert E.preference_accuracy(model, tok, pairs, "cpu") == {"preference_accuracy": 1.0}
     flipped = [(p, r, c) for p, c, r in pairs]
     assert E.preference_accuracy(model, tok, flipped, "cpu") == {"preference_accuracy": 0.0}
