@@ -22,7 +22,7 @@ def _model(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def _memorise(model, tok, texts, steps=60):
+def _memorise(model, tok, texts, steps=120):
     """Train on the texts (each after and before EOS, as documents are packed), one padded batch
     per step, until they are memorised."""
     torch.manual_seed(0)
