@@ -260,6 +260,9 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
     ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
     if isinstance(ev.get("custom"), list):  # 'file.py:function': the file relative to the recipe
         ev["custom"] = [fix(x) if isinstance(x, str) and ":" in x else x for x in ev["custom"]]
+    lm = ev.get("lm_eval") if isinstance(ev.get("lm_eval"), dict) else {}
+    if isinstance(lm.get("tasks"), list):  # task YAML files, relative to the recipe
+        lm["tasks"] = [fix(x) if isinstance(x, str) and x.endswith((".yaml", ".yml")) else x for x in lm["tasks"]]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src["path"] = fix(src["path"])

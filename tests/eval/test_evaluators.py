@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_testing import pretrain_stage, run_stage
+from forge_testing import memorise, pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.eval import evaluators as E
 from forge.eval.perplexity import source_blocks
@@ -22,24 +22,6 @@ def _model(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def _memorise(model, tok, texts, steps=120):
-    """Train on the texts (each after and before EOS, as documents are packed), one padded batch
-    per step, until they are memorised."""
-    torch.manual_seed(0)
-    seqs = [[tok.eos_token_id] + tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
-    width = max(map(len, seqs))
-    x = torch.tensor([s + [tok.eos_token_id] * (width - len(s)) for s in seqs])
-    labels = torch.tensor([s + [-100] * (width - len(s)) for s in seqs])
-    mask = (labels != -100).long()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
-    model.train()
-    for _ in range(steps):
-        model(input_ids=x, attention_mask=mask, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model
-
-
 def test_normalize_answer():
     assert E.normalize_answer("  The Answer: Titanium!  ") == "answer titanium"
     assert E.normalize_answer("an  Apple, a pear") == "apple pear"
@@ -49,7 +31,7 @@ def test_fact_recall_memorised_model_scores_100_random_scores_0(tiny_checkpoint)
     model, tok = _model(tiny_checkpoint)
     before = E.fact_recall(model, tok, FACTS, max_new_tokens=8, device="cpu")
     assert before == {"fact_recall.exact": 0.0, "fact_recall.contains": 0.0}
-    _memorise(model, tok, [f"{q}\n{a}" for q, a in FACTS])
+    memorise(model, tok, [f"{q}\n{a}" for q, a in FACTS])
     after = E.fact_recall(model, tok, FACTS, max_new_tokens=8, device="cpu")
     assert after == {"fact_recall.exact": 1.0, "fact_recall.contains": 1.0}
     # contains: the answer inside a longer generation; exact wants the first line to be the answer
@@ -64,7 +46,7 @@ def test_preference_accuracy_follows_what_the_model_learned(tiny_checkpoint):
              ("Human: how many legs has a cat?\nAssistant:", " four legs.", " nine wheels."),
              ("", "Tom went to the park.", "Tom went to the moon.")]
     model, tok = _model(tiny_checkpoint)
-    _memorise(model, tok, [p + c for p, c, _ in pairs])
+    memorise(model, tok, [p + c for p, c, _ in pairs])
     assert E.preference_accuracy(model, tok, pairs, "cpu") == {"preference_accuracy": 1.0}
     flipped = [(p, r, c) for p, c, r in pairs]
     assert E.preference_accuracy(model, tok, flipped, "cpu") == {"preference_accuracy": 0.0}
