@@ -3,7 +3,6 @@ answers) scores 100%, a random one about 0%; retention sees forgetting after dom
 from __future__ import annotations
 
 import pytest
-import torch
 
 from forge_testing import memorise, pretrain_stage, run_stage
 from forge.errors import ForgeError
