@@ -32,6 +32,7 @@ from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schem
     stage_union,
 )
 from forge.stages import KINDS  # noqa: E402
+from forge.recipe_eval import EvalBlock  # noqa: E402
 
 STAGE_KINDS = tuple(KINDS)
 Stage = stage_union({name: k.settings for name, k in KINDS.items()})
@@ -87,7 +88,10 @@ class Tracking(Strict):
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite inside the output folder")
     experiment: str | None = None
     register_model: bool = True
-    alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    alias: str = Field("champion", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$",
+                       description="deployment alias: moves to a version only if its gates pass and it beats the "
+                                   "holder on eval.primary (every version gets 'candidate'; alias: candidate "
+                                   "gives every run the alias, as before gates)")
     on_error: Literal["fail", "buffer"] = Field("fail", description="the store failing mid-run: fail the run, or "
                                                 "keep training, buffer the records and retry")
 
@@ -116,6 +120,7 @@ class Recipe(Strict):
     hygiene: HygieneConfig = HygieneConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
+    eval: EvalBlock | None = Field(None, description="evaluation suite, gates and primary metric (forge.eval)")
     output: str
 
     @model_validator(mode="after")
@@ -136,6 +141,10 @@ class Recipe(Strict):
                 if src not in self.data:
                     problems.append(f"base.scratch.tokenizer_sources: unknown data source {src!r}")
             problems += context_problems(self.stages, self.base.scratch.max_position, "base.scratch.max_position")
+        if self.eval is not None:
+            for src in self.eval.sources():
+                if src not in self.data:
+                    problems.append(f"eval: unknown data source {src!r}; known: {sorted(self.data)}")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -254,6 +263,12 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         ings = stage.get("ingredients") if isinstance(stage, dict) else None
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
             stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
+    ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
+    if isinstance(ev.get("custom"), list):  # 'file.py:function': the file relative to the recipe
+        ev["custom"] = [fix(x) if isinstance(x, str) and ":" in x else x for x in ev["custom"]]
+    lm = ev.get("lm_eval") if isinstance(ev.get("lm_eval"), dict) else {}
+    if isinstance(lm.get("tasks"), list):  # task YAML files, relative to the recipe
+        lm["tasks"] = [fix(x) if isinstance(x, str) and x.endswith((".yaml", ".yml")) else x for x in lm["tasks"]]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src["path"] = fix(src["path"])

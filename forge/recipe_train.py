@@ -43,7 +43,7 @@ class Schedule(Strict):
 
 class EvalSettings(Strict):
     every: int = Field(0, ge=0, description="steps between evaluations; 0 = only at the end")
-    max_blocks: int = Field(32, gt=0)
+    max_blocks: int = Field(32, gt=0, description="held-out blocks per data source")
 
 
 class CheckpointSettings(Strict):

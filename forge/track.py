@@ -257,6 +257,42 @@ class Tracker:
             client.set_model_version_tag(name, str(version), k, str(v)[:5000])
         return version
 
+    # ---------------------------------------------------- registry aliases (forge.eval.registry)
+    def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
+        """The registered version holding `alias` and its tags; None if none does (or no such model)."""
+        if not self.enabled:
+            return None
+        try:
+            mv = self._mlflow.MlflowClient().get_model_version_by_alias(name, alias)
+        except self._mlflow.exceptions.MlflowException:
+            return None
+        return int(mv.version), dict(mv.tags)
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        if self.enabled:
+            self._mlflow.MlflowClient().set_registered_model_alias(name, alias, str(version))
+
+    def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        client = self._mlflow.MlflowClient()
+        for k, v in tags.items():
+            client.set_model_version_tag(name, str(version), k, str(v)[:5000])
+
+    def log_stage_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        """Metrics into an existing (finished) run, e.g. a stage's evaluation after the pipeline."""
+        if not self.enabled or not metrics:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        rows = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        client = self._mlflow.MlflowClient()
+        for i in range(0, len(rows), METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=rows[i:i + METRICS_PER_BATCH])
+
 
 @contextlib.contextmanager
 def _fail_fast(uri: str) -> Iterator[None]:

@@ -2,7 +2,8 @@
 
 Runs the recipe's stages in order, each stage's output checkpoint feeding the next, inside one
 parent MLflow run with a child run per stage (forge.stages.runner), and writes the final model
-with its lineage.
+with its lineage; then evaluates it against the starting checkpoint, checks the gates, writes
+its model card and registers it (forge.eval.finish).
 
     forge run recipes/quickstart.yaml
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.eval.finish import finish_novella
 from forge.inputs import input_fingerprints, prepare_inputs
 from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
@@ -28,6 +30,7 @@ class PipelineResult:
     stages: list = field(default_factory=list)  # StageResult per stage
     version: int | None = None                  # registered model version
     model_uri: str | None = None
+    evaluation: object = None                   # forge.eval.finish.Evaluation (gates, comparison, alias)
 
 
 def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resume: bool = False,
@@ -83,12 +86,12 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
         if state.is_main_process:
             write_novella(checkpoint, novella, lineage)
         state.wait_for_everyone()
+        result = PipelineResult(out, novella, run_id, lineage["metrics"], results)
+        if state.is_main_process:  # evaluate, gate, model card, register: forge.eval.finish
+            result.evaluation = finish_novella(recipe, tracker, lineage, results, novella, inputs.sources, inputs.base,
+                                               plans, runs.stages, run_id, log)
+            result.version = lineage["evaluation"].get("version")
+            result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
         tracker.log_dict(lineage, "lineage.json")
         tracker.log_metrics({f"novella.{k}": v for k, v in lineage["metrics"].items()})
-        result = PipelineResult(out, novella, run_id, lineage["metrics"], results)
-        if recipe.tracking.register_model:
-            tags = {"forge.base": str(lineage["base"]["spec"]), "forge.stages": ",".join(s.name for s in recipe.stages),
-                    "forge.run_id": run_id or "", **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()}}
-            result.version = tracker.register_model(novella, recipe.name, recipe.tracking.alias, tags)
-            result.model_uri = f"models:/{recipe.name}@{recipe.tracking.alias}"
     return result
