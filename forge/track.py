@@ -192,6 +192,11 @@ class Tracker:
             client.set_model_version_tag(name, str(version), k, str(v)[:5000])
         return version
 
+    def log_table(self, table: dict[str, list], artifact_file: str) -> None:
+        """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
+        if self.enabled:
+            self._mlflow.log_table(data=table, artifact_file=artifact_file)
+
 
 def _requirements() -> list[str]:
     """Pinned runtime needs of a logged model (MLflow's own guess imports torchvision, which forge lacks)."""

@@ -47,6 +47,7 @@ class Source:
     on_error: str = "fail"
     max_errors: int = 100
     skipped: dict = field(default_factory=dict, compare=False)  # (file, line) -> reason, for on_error: skip
+    chat: object = field(default=None, compare=False)  # forge.data.formats.FormatSpec of chat records, else None
 
     @property
     def location(self) -> str:
@@ -137,7 +138,19 @@ class Source:
 
 
 def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
-    """Turn a recipe data source into files on disk (writing generated text if asked)."""
+    """Turn a recipe data source into files on disk (writing generated text if asked); a source of
+    chat records carries its FormatSpec (SFT and preference stages read it)."""
+    src = _resolve_files(name, cfg, generated_dir)
+    if cfg.chat is None:
+        return src
+    from dataclasses import replace
+
+    from forge.data.formats import spec_for
+
+    return replace(src, chat=spec_for(cfg))
+
+
+def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
     errors = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
     if cfg.hub is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forge.plan import workloads as W
-from forge.recipe_train import MidtrainStage, PretrainStage, SoupStage, TrainSettings
+from forge.recipe_train import MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
 
 
 def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> W.Workload:
@@ -22,6 +22,13 @@ def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> 
     batch = stage.batch_size * stage.grad_accum * max(1, dp_world)
     return W.pretrain(stage.name, stage.seq_len, batch, stage.max_tokens, stage.max_steps,
                       precision or stage.precision, kind=stage.kind)
+
+
+def _sft_workload(stage: SftStage, dp_world: int, precision: str | None) -> W.Workload:
+    """SFT: packed blocks (padding only inside a block's tail), or batches padded per batch."""
+    batch = stage.batch_size * stage.grad_accum * max(1, dp_world)
+    return W.sft(stage.name, stage.seq_len, batch, stage.max_tokens, stage.max_steps, precision or stage.precision,
+                 packed=stage.packing == "best_fit")
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ KINDS: dict[str, Kind] = {
     "pretrain": Kind(PretrainStage, "forge.stages.pretrain", _lm_workload),
     "midtrain": Kind(MidtrainStage, "forge.stages.pretrain", _lm_workload),
     "soup": Kind(SoupStage, "forge.stages.soup", None),
+    "sft": Kind(SftStage, "forge.stages.sft", _sft_workload),
 }
 
 
