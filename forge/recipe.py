@@ -25,7 +25,7 @@ from forge.recipe_errors import apply_overrides, format_errors, line_index
 
 # -------------------------------------------------------------------------------------- stages
 from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schema)
-    ContextExtension, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
+    ContextExtension, DpoStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
     SoupStage, TrainSettings, stage_union,
 )
 from forge.stages import KINDS  # noqa: E402

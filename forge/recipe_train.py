@@ -286,6 +286,28 @@ class SftStage(PostTrainSettings):
     schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
 
 
+class DpoStage(PostTrainSettings):
+    """Direct preference optimisation on (prompt, chosen, rejected) pairs; the reference is the
+    stage's input checkpoint. `batch_size` counts pairs."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    kind: Literal["dpo"]
+    beta: float = Field(0.1, gt=0, le=100)
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO: assumed share of flipped labels (sigmoid)")
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    reference: Literal["cached", "live"] = Field(
+        "cached", description="cached: reference log-probs computed once and kept on disk; live: every step")
+    batch_size: int = Field(4, gt=0, le=1_048_576)
+    optim: Optim = Optim(lr=5e-6)
+    schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
+
+    @model_validator(mode="after")
+    def _ipo(self) -> "DpoStage":
+        if self.loss == "ipo" and self.label_smoothing:
+            raise ValueError("label_smoothing applies to the sigmoid loss only; set it to 0 for ipo")
+        return self
+
+
 def stage_union(kinds: dict[str, type]) -> Any:
     """The recipe's `stages[i]` type: a union of the kinds' settings, chosen by `kind`."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forge.plan import workloads as W
-from forge.recipe_train import MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
+from forge.recipe_train import DpoStage, MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
 
 
 def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> W.Workload:
@@ -29,6 +29,13 @@ def _sft_workload(stage: SftStage, dp_world: int, precision: str | None) -> W.Wo
     batch = stage.batch_size * stage.grad_accum * max(1, dp_world)
     return W.sft(stage.name, stage.seq_len, batch, stage.max_tokens, stage.max_steps, precision or stage.precision,
                  packed=stage.packing == "best_fit")
+
+
+def _dpo_workload(stage: DpoStage, dp_world: int, precision: str | None) -> W.Workload:
+    """DPO: chosen and rejected through the policy; the reference once up front (cached) or every step."""
+    pairs = stage.batch_size * stage.grad_accum * max(1, dp_world)
+    return W.dpo(stage.name, stage.seq_len, pairs, steps=stage.total_steps(max(1, dp_world)),
+                 precision=precision or stage.precision, cached_reference=stage.reference == "cached")
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ KINDS: dict[str, Kind] = {
     "midtrain": Kind(MidtrainStage, "forge.stages.pretrain", _lm_workload),
     "soup": Kind(SoupStage, "forge.stages.soup", None),
     "sft": Kind(SftStage, "forge.stages.sft", _sft_workload),
+    "dpo": Kind(DpoStage, "forge.stages.dpo", _dpo_workload),
 }
 
 
