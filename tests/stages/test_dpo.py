@@ -104,7 +104,7 @@ def test_dpo_on_hh_rlhf_harmless_with_stories260k(tmp_path):
     data = tmp_path / "hh.jsonl"
     data.write_text("".join(lines[:480]))  # a CPU-sized sample of the 2,312 pairs
     src = resolve_source("hh", DataSource(path=str(data), holdout=0.1, chat={"kind": "hh"}, on_error="skip"), tmp_path)
-    stage = dpo(data=["hh"], max_steps=30, seq_len=256, batch_size=8, beta=0.1, optim={"lr": 1e-3},
+    stage = dpo(data=["hh"], max_steps=20, seq_len=384, batch_size=8, beta=0.1, optim={"lr": 2e-4},
                 eval={"max_blocks": 8})
     m = run_stage(stage, model, {"hh": src}, tmp_path / "o").metrics
     print({k: round(v, 3) for k, v in m.items() if "eval" in k or k == "train_pairs"})
