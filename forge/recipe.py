@@ -25,7 +25,7 @@ from forge.recipe_errors import apply_overrides, format_errors, line_index
 
 # -------------------------------------------------------------------------------------- stages
 from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schema)
-    ContextExtension, DpoStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
+    ContextExtension, DpoStage, RftStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
     SoupStage, TrainSettings, stage_union,
 )
 from forge.stages import KINDS  # noqa: E402
@@ -204,6 +204,8 @@ def _chat_problems(recipe: "Recipe", i: int, stage) -> list[str]:
         elif src in evals:
             problems.append(f"{at}: {src!r} is an evaluation set (hygiene.decontaminate_against); "
                             "a stage must not train on it")
+        elif stage.kind == "rft":
+            continue  # RFT reads prompt rows directly (prompt_field and the reward functions' fields)
         elif cfg.chat is None:
             problems.append(f"{at}: data.{src} holds plain text, which a {stage.kind} stage cannot read; give "
                             f"data.{src} a chat: mapping (kind: messages | instruction | prompt_completion | "
@@ -293,6 +295,10 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         out["compute"]["calibration"] = fix(out["compute"]["calibration"])
     for stage in out.get("stages") or [] if isinstance(out.get("stages"), list) else []:
         ings = stage.get("ingredients") if isinstance(stage, dict) else None
+        for rw in (stage.get("rewards") or []) if isinstance(stage, dict) and isinstance(stage.get("rewards"), list) else []:
+            if isinstance(rw, dict) and isinstance(rw.get("source"), str) and ".py:" in rw["source"]:
+                file, _, fn = rw["source"].rpartition(":")  # a reward file is relative to the recipe too
+                rw["source"] = f"{fix(file)}:{fn}"
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
             stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:

@@ -308,6 +308,48 @@ class DpoStage(PostTrainSettings):
         return self
 
 
+class RewardSource(Strict):
+    """A reward function: `file.py:function`, `module:function`, `http(s)://...` or `lambda:NAME`."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    source: str = Field(min_length=3)
+    weight: float = 1.0
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    retries: int = Field(2, ge=0, le=20, description="http: attempts after the first")
+    concurrency: int = Field(4, gt=0, le=256, description="http / lambda: requests in flight")
+    batch_size: int = Field(64, gt=0, description="http / lambda: completions per request")
+    region: str | None = Field(None, description="lambda: AWS region (default: boto3's)")
+
+    @model_validator(mode="after")
+    def _form(self) -> "RewardSource":
+        s = self.source
+        if not (s.startswith(("http://", "https://", "lambda:")) or (":" in s and all(s.rpartition(":")[::2]))):
+            raise ValueError(f"source {s!r}: expected file.py:function, module:function, http(s)://... or lambda:NAME")
+        return self
+
+
+class RftStage(PostTrainSettings):
+    """Reinforcement fine-tuning (GRPO, Shao et al. 2024): per prompt `group` sampled completions,
+    rewards from the recipe's functions, group-normalised advantages, a clipped policy-ratio
+    objective and an optional KL penalty toward the input checkpoint. `batch_size` counts prompts;
+    the data rows give the prompt (`prompt_field`) and the reward functions' extra fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    kind: Literal["rft"]
+    rewards: list[RewardSource] = Field(min_length=1)
+    prompt_field: str = "prompt"
+    group: int = Field(4, ge=2, le=1024)
+    max_new_tokens: int = Field(32, gt=0, le=32_768)
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_beta: float = Field(0.0, ge=0, description="KL penalty toward the input checkpoint; 0 = none")
+    updates_per_rollout: int = Field(1, ge=1, le=64, description="optimizer steps on each batch of rollouts")
+    batch_size: int = Field(4, gt=0, le=65_536)
+    optim: Optim = Optim(lr=1e-5)
+    schedule: Schedule = Schedule(kind="constant")
+
+
 def stage_union(kinds: dict[str, type]) -> Any:
     """The recipe's `stages[i]` type: a union of the kinds' settings, chosen by `kind`."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forge.plan import workloads as W
-from forge.recipe_train import DpoStage, MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
+from forge.recipe_train import DpoStage, MidtrainStage, PretrainStage, RftStage, SftStage, SoupStage, TrainSettings
 
 
 def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> W.Workload:
@@ -38,6 +38,13 @@ def _dpo_workload(stage: DpoStage, dp_world: int, precision: str | None) -> W.Wo
                  precision=precision or stage.precision, cached_reference=stage.reference == "cached")
 
 
+def _rft_workload(stage: RftStage, dp_world: int, precision: str | None) -> W.Workload:
+    """GRPO: `group` completions of max_new_tokens per prompt each step, then one update on them."""
+    prompts = stage.batch_size * stage.grad_accum * max(1, dp_world)
+    return W.rft(stage.name, stage.seq_len, stage.max_new_tokens, prompts, stage.group,
+                 stage.total_steps(max(1, dp_world)), precision or stage.precision)
+
+
 @dataclass(frozen=True)
 class Kind:
     settings: type
@@ -54,6 +61,7 @@ KINDS: dict[str, Kind] = {
     "soup": Kind(SoupStage, "forge.stages.soup", None),
     "sft": Kind(SftStage, "forge.stages.sft", _sft_workload),
     "dpo": Kind(DpoStage, "forge.stages.dpo", _dpo_workload),
+    "rft": Kind(RftStage, "forge.stages.rft", _rft_workload),
 }
 
 
