@@ -176,7 +176,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             bar.update(1)
     bar.close()
 
-    metrics = dict(state.metrics, loss=loss, tokens=state.tokens, reward_mean_start=first_reward, **row)
+    metrics = {**state.metrics, **row, "loss": loss, "tokens": state.tokens, "reward_mean_start": first_reward}
     metrics.update(meter.totals())
     metrics["peak_mem_bytes"] = s.memory.peak_bytes()
     lineage = {"rewards": [r.model_dump() for r in stage.rewards], "reference": str(inputs.checkpoint),
