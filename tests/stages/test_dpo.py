@@ -105,7 +105,7 @@ def test_dpo_on_hh_rlhf_harmless_with_stories260k(tmp_path):
     model = shared_path("models", "stories260K")
     lines = gzip.open(shared_path("preference", "hh_rlhf_harmless", "test.jsonl.gz"), "rt").readlines()
     data = tmp_path / "hh.jsonl"
-    data.write_text("".join(lines[:480]))  # a CPU-sized sample of the 2,312 pairs
+    data.write_text("".join(lines[:200]))  # a CPU-sized sample of the 2,312 pairs: 2+ epochs in 20 steps
     src = resolve_source("hh", DataSource(path=str(data), holdout=0.1, chat={"kind": "hh"}, on_error="skip"), tmp_path)
     stage = dpo(data=["hh"], max_steps=20, seq_len=384, batch_size=8, beta=0.1, optim={"lr": 2e-4},
                 eval={"max_blocks": 8})
@@ -121,7 +121,7 @@ def test_dpo_on_hh_rlhf_harmless_with_stories260k(tmp_path):
 
     m = run_stage(stage, model, {"hh": src}, tmp_path / "o", tracker=Rows()).metrics
     print({k: round(v, 3) for k, v in m.items() if "eval" in k or k == "train_pairs"})
-    assert m["train_pairs"] > 150 and (tmp_path / "o" / "reference_logps.pt").is_file()
+    assert m["train_pairs"] > 60 and (tmp_path / "o" / "reference_logps.pt").is_file()
     late = rows[-5:]
     assert sum(r["rewards/margin"] for r in late) / len(late) > 0.05
     assert sum(r["rewards/accuracy"] for r in late) / len(late) > 0.6

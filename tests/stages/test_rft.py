@@ -137,3 +137,25 @@ def test_lambda_reward_through_boto3_stubber():
         with pytest.raises(RewardError, match=r"reward 'lambda:grader' on batch 2: the Lambda function failed \(Unhandled\)"):
             Reward(spec, lambda_client=client)(["p"], ["a"], {}, batch=2)
         stub.assert_no_pending_responses()
+
+
+def test_validate_refuses_rft_without_rewards_and_dpo_without_pairs(tmp_path):
+    from forge.errors import ForgeError
+    from forge.recipe import load_recipe
+    from forge_testing import base_recipe, write_recipe
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"prompt": "hi", "completion": "ho"}) + "\n")
+    r = base_recipe(tmp_path)
+    r["data"]["qa"] = {"path": str(qa), "chat": {"kind": "prompt_completion"}}
+    r["stages"] = [{"name": "rl", "kind": "rft", "data": ["qa"], "rewards": [], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.rewards"):
+        load_recipe(write_recipe(tmp_path / "a.yaml", r))
+    r["stages"] = [{"name": "d", "kind": "dpo", "data": ["qa"], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.data\[0\]: data.qa has chat.kind 'prompt_completion', "
+                                         r"which holds no preference pairs"):
+        load_recipe(write_recipe(tmp_path / "b.yaml", r))
+    r["stages"] = [{"name": "s", "kind": "sft", "data": ["qa"], "max_steps": 1, "lora": {"merge": False}},
+                   {"name": "d", "kind": "sft", "data": ["qa"], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.lora\.merge: false saves only an adapter"):
+        load_recipe(write_recipe(tmp_path / "c.yaml", r))
