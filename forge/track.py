@@ -293,6 +293,11 @@ class Tracker:
         for i in range(0, len(rows), METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=rows[i:i + METRICS_PER_BATCH])
 
+    def log_table(self, table: dict[str, list], artifact_file: str) -> None:
+        """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
+        if self.enabled:
+            self._mlflow.log_table(data=table, artifact_file=artifact_file)
+
 
 @contextlib.contextmanager
 def _fail_fast(uri: str) -> Iterator[None]:

@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
 
 
 def _load_suite(path: str):
-    from forge.data.sources import resolve_source
+    from forge.inputs import resolve_source
     from forge.recipe import _resolve_paths
     from forge.recipe_errors import format_errors, line_index
 

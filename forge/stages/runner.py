@@ -102,12 +102,31 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
             tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
                 log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)
+    merged = _merge_back(stage, checkpoint, result, stage_dir)
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
               "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
               "steps": result.steps, "tokens_by_source": result.tokens_by_source, "metrics": result.metrics,
-              **result.lineage}
+              **result.lineage, **merged}
     return result, record
+
+
+def _merge_back(stage, checkpoint: Path, result: StageResult, stage_dir: Path) -> dict:
+    """With `merge: {weight}`, the stage's output becomes its interpolation toward the input weights
+    (rank 0 writes it); returns what the lineage records of it."""
+    cfg = getattr(stage, "merge", None)
+    if cfg is None:
+        return {}
+    from forge.train.accel import process_state
+    from forge.train.merge import merge_back
+
+    state, trained, out = process_state(), result.checkpoint, stage_dir / "merged"
+    if state.is_main_process:
+        merge_back(trained, checkpoint, cfg.weight, out)
+    state.wait_for_everyone()
+    result.checkpoint = out
+    return {"merge": {"weight": cfg.weight, "trained_checkpoint": str(trained), "input_checkpoint": str(checkpoint),
+                      "output_checkpoint": str(out)}}
 
 
 def _log_setup(stage, checkpoint: Path, p: PipelineState) -> None:
