@@ -17,7 +17,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from forge.errors import ForgeError
@@ -44,20 +43,20 @@ def add_arguments(p) -> None:
 def _load_suite(path: str):
     from forge.inputs import resolve_source
     from forge.recipe import _resolve_paths
-    from forge.recipe_errors import format_errors, line_index
+    from forge.recipe_errors import format_errors
+    from forge.recipe_yaml import read_recipe_yaml
 
     file = Path(path)
     if not file.is_file():
         raise ForgeError(f"--suite {path}: no such file")
-    text = file.read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
+    raw, lines = read_recipe_yaml(file)  # the recipe's safe reader: encoding, duplicate keys, alias bombs
     if not isinstance(raw, dict):
         raise ForgeError(f"{path}: a suite is a YAML mapping with data: and eval:")
     raw = _resolve_paths(raw, file.parent.resolve())
     try:
         spec = SuiteFile.model_validate(raw)
     except ValidationError as e:
-        raise ForgeError("\n".join(format_errors(e, SuiteFile, path, line_index(text), {}))) from None
+        raise ForgeError("\n".join(format_errors(e, SuiteFile, path, lines, {}))) from None
     unknown = [n for n in spec.eval.sources() if n not in spec.data]
     if unknown:
         raise ForgeError(f"{path}: eval: unknown data source(s) {unknown}; known: {sorted(spec.data)}")
