@@ -357,7 +357,7 @@ def stage_union(kinds: dict[str, type]) -> Any:
 
     def kind_of(value: Any) -> str | None:
         kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-        return f"<{kind}>" if kind in kinds else None
+        return f"<{kind}>" if isinstance(kind, str) and kind in kinds else None
 
     # Tags in <brackets> cannot clash with user names in error paths (recipe_errors strips them).
     members = tuple(Annotated[cls, Tag(f"<{kind}>")] for kind, cls in kinds.items())

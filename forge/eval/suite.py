@@ -47,9 +47,10 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
     """The suite with its defaults filled from the recipe: domain = the proprietary sources the
     stages train on, general = the others; seq_len and separator from the last training stage."""
     block = block or EvalBlock()
-    trained = list(dict.fromkeys(n for s in stages for n in getattr(s, "sources", {})))
+    trained = list(dict.fromkeys(n for s in stages for n in s.sources))
     if not stages:  # a suite file: every source it names is the suite's
         trained = list(data)
+    trained = [n for n in trained if data[n].chat is None]  # perplexity reads plain text, not chat records
     train_stages = [s for s in stages if hasattr(s, "seq_len")]
     last = train_stages[-1] if train_stages else None
     return block.model_copy(update={
@@ -116,7 +117,8 @@ def load(path: str | Path, device):
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ForgeError(f"{path}: not a model folder (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(path).to(device), AutoTokenizer.from_pretrained(path)
+    return (AutoModelForCausalLM.from_pretrained(path, use_safetensors=True).to(device),
+            AutoTokenizer.from_pretrained(path))
 
 
 def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Path | None = None,
