@@ -29,7 +29,7 @@ import numpy as np
 _PUNCT = str.maketrans(dict.fromkeys(string.punctuation + "\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb",
                                      " "))
 _RNG_SEED = 0x5EED_F0E6
-RAM_KEYS = 1 << 20  # keys a SpillIndex holds in memory before it spills to disk (~12 MB)
+RAM_KEYS = 1 << 18  # keys a SpillIndex holds in memory before it spills to disk (~3 MB)
 
 
 def words(text: str) -> list[str]:
@@ -40,7 +40,7 @@ def words(text: str) -> list[str]:
 class WordHasher:
     """64-bit blake2b hash per word, with a bounded cache (word frequencies are Zipfian)."""
 
-    def __init__(self, max_cache: int = 1 << 18):  # ~30 MB at most
+    def __init__(self, max_cache: int = 1 << 16):  # ~10 MB at most; the common words stay hot
         self._cache: dict[str, int] = {}
         self._max = max_cache
 
@@ -183,7 +183,7 @@ class SpillIndex:
     Up to `ram_keys` keys live in a `CompactIndex`; past that they move, sorted, into a SQLite
     table in a private temporary folder (under `spill_dir`), fronted by a fixed-size `BloomFilter`
     so that looking up a new key (the common case: most records are not duplicates) rarely touches
-    the disk. RAM: about 12 bytes a key up to `ram_keys` (12 MB at the default), plus the filter
+    the disk. RAM: about 12 bytes a key up to `ram_keys` (3 MB at the default), plus the filter
     (32 MB) and SQLite's page cache (16 MB) once spilled. SQLite rather than a hand-made on-disk
     table: it is in the standard library, crash-safe and fast at sorted bulk inserts.
     """
