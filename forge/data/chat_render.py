@@ -35,7 +35,7 @@ class ChatRenderer:
         self.bos, self.eos = self.special.get("bos_token") or "", self.special.get("eos_token") or ""
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        if self.python:
+        if self.python and all(type(m.get("role")) is str and type(m.get("content")) is str for m in messages):
             eos = self.eos
             body = "".join([f"<|{m['role']}|>\n{m['content']}{eos}" for m in messages])
             return self.bos + body + ("<|assistant|>\n" if add_generation_prompt else "")

@@ -116,13 +116,15 @@ class HeadEncoder:
     belongs to a span when it starts inside it)."""
 
     def __init__(self, backend):
-        self.backend, self.cutter = backend, HeadCutter.for_tokenizer(backend)
+        # padding or truncation set in tokenizer.json would change ids in a batch or a head: text by text
+        self.plain = getattr(backend, "padding", None) is None and getattr(backend, "truncation", None) is None
+        self.backend, self.cutter = backend, HeadCutter.for_tokenizer(backend) if self.plain else None
         self.chars_per_token = 4.0  # running estimate of where to cut for `limit` tokens
 
     def encode(self, texts: list[str], spans: list[list[tuple[int, int]]], limit: int | None):
         """[(ids, [(lo, hi) per span])] for each text."""
         if self.cutter is None:  # the Rust tokenizer with offsets (same as transformers' call, less wrapping)
-            encs = self.backend.encode_batch(texts, add_special_tokens=False)
+            encs = [self.backend.encode(t, add_special_tokens=False) for t in texts]
             return [(e.ids, _bisect_bounds(e.offsets, s)) for e, s in zip(encs, spans)]
         heads = [self._guess(t, limit) for t in texts]
         ids = self._fast(heads)

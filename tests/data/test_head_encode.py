@@ -213,3 +213,18 @@ def test_medquad_records_equal_the_reference(stories_tok, seq_len):
         want = [reference(stories_tok, spec, to_messages(r, spec, w), seq_len) for _, w, r in rows]
         assert got == [w for w in want if w is not None]
         assert stats.truncated + stats.dropped_too_long > 0  # long records were cut, not only short ones seen
+
+
+def test_padding_set_in_the_tokenizer_file_keeps_text_by_text_encoding(stories_tok):
+    from tokenizers import Tokenizer
+
+    from forge.data.head_encode import HeadEncoder
+
+    padded = Tokenizer.from_str(stories_tok.backend_tokenizer.to_str())
+    padded.enable_padding(pad_id=0)  # BatchLongest: a batch would pad the shorter texts
+    enc = HeadEncoder(padded)
+    assert not enc.plain and enc.cutter is None
+    texts = ["a short one", "a much longer text than the first one " * 5]
+    got = enc.encode(texts, [[(2, 5)], [(0, 10)]], limit=8)
+    assert [ids for ids, _ in got] == [stories_tok.backend_tokenizer.encode(t, add_special_tokens=False).ids
+                                       for t in texts]
