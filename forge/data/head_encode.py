@@ -1,21 +1,29 @@
-"""Encode only the head of a long text, with exactly the tokens (and offsets) the whole text starts with.
+"""Encode only the head of a long text, with exactly the tokens the whole text starts with, and find
+the tokens of character spans without offsets.
 
 SFT keeps at most `seq_len` tokens of a conversation (truncated or dropped beyond that), yet a long
-record can be many times longer: encoding all of it was most of the SFT preparation time. A text may
-be cut at character p when no token of the whole text can span p; then the tokens of text[:p] are
-exactly the whole text's tokens before p. That holds, for a BPE model without dropout, word suffixes,
-prefixes or a normalizer (all checked on the tokenizer's own JSON; anything else encodes whole), at p
-where a space follows a non-space character and no added token is near, and:
+record can be many times longer: encoding all of it was most of the SFT preparation time, and asking
+the tokenizer for offsets (to find the assistant spans) about doubles the cost of encoding. Both rest
+on one fact: at a character position p that no token of the whole text can span, the tokens of
+text[:p] are exactly the whole text's tokens before p. So a long text is encoded up to such a p past
+`limit` tokens, and a span edge at such a p is the token count of text[:p] (anything else: offsets).
 
-* ByteLevel pre-tokenizer with its regex: the regex ends every piece before such a space (letters,
-  digits and punctuation runs stop at whitespace; a space only starts a piece), and BPE runs per piece.
-* Metaspace with split: pieces start at every '▁' (the space), so the same holds.
-* Metaspace without split (the whole segment is one BPE word, e.g. Llama 2 / stories260K): no merge
-  can make a symbol spanning p if no vocabulary token contains the two characters around p ('x▁')
-  next to each other; merges on either side of p then never interact, so the head alone ends up
-  with the same symbols (BPE picks merges by rank, and the head's merges keep their order).
+HeadCutter.hard(text, p) says when that holds, for a BPE model without dropout, word suffixes or
+prefixes, ignore_merges or a normalizer (checked on the tokenizer's own JSON; anything else encodes
+whole, with offsets), and added tokens that take no whitespace:
 
-tests/data/test_head_encode.py checks the cut against whole encodings, random positions included.
+* p at the edge of an added token: added tokens split the text into segments encoded one by one.
+* ByteLevel pre-tokenizer with its regex: p where a non-space is followed by whitespace (letter, digit
+  and punctuation runs stop there), or where a lone whitespace other than ' ' sits between non-spaces;
+  the regex ends a piece at p in the head and in the whole, and BPE runs per piece.
+* Metaspace (e.g. Llama 2 / stories260K, where a whole segment is one BPE word): no merge can make a
+  symbol spanning p if no vocabulary token holds the two characters around p ('x▁' for a space) next
+  to each other; merges on either side of p then never interact, so the head alone ends up with the
+  same symbols (BPE picks merges by rank, and the head's merges keep their order). Characters outside
+  the vocabulary become byte tokens (byte_fallback) that no merge touches.
+
+tests/data/test_head_encode.py checks every position it calls hard against whole encodings, and the
+SFT examples against the straightforward path.
 """
 from __future__ import annotations
 
