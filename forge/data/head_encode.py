@@ -127,23 +127,26 @@ class HeadEncoder:
         # padding or truncation set in tokenizer.json would change ids in a batch or a head: text by text
         self.plain = getattr(backend, "padding", None) is None and getattr(backend, "truncation", None) is None
         self.backend, self.cutter = backend, HeadCutter.for_tokenizer(backend) if self.plain else None
-        self.chars_per_token = 4.0  # running estimate of where to cut for `limit` tokens
+        self.chars_per_token: float | None = None  # running estimate of where to cut for `limit` tokens
 
     def encode(self, texts: list[str], spans: list[list[tuple[int, int]]], limit: int | None):
         """[(ids, [(lo, hi) per span])] for each text."""
         if self.cutter is None:  # the Rust tokenizer with offsets (same as transformers' call, less wrapping)
             encs = [self.backend.encode(t, add_special_tokens=False) for t in texts]
             return [(e.ids, _bisect_bounds(e.offsets, s)) for e, s in zip(encs, spans)]
+        if limit and self.chars_per_token is None and texts:  # a first estimate from a sample of the batch
+            sample = "".join(texts)[:20 * limit]
+            self.chars_per_token = len(sample) / max(1, len(self._fast([sample])[0]))
         heads = [self._guess(t, limit) for t in texts]
         ids = self._fast(heads)
-        for k, text in enumerate(texts):  # a short guess: retry twice as long, then the whole text
+        for k, text in enumerate(texts):  # a short guess: retry a quarter longer, up to the whole text
             while limit and len(ids[k]) < limit and len(heads[k]) < len(text):
-                p = self.cutter.cut(text, 2 * len(heads[k]))
+                p = self.cutter.cut(text, len(heads[k]) * 5 // 4 + 16)
                 heads[k] = text if p is None else text[:p]
                 ids[k] = self._fast([heads[k]])[0]
-        n = sum(len(x) for x in ids)
-        if limit and n:
-            self.chars_per_token = 0.5 * self.chars_per_token + 0.5 * sum(map(len, heads)) / n
+        cut = [(len(h), len(x)) for h, x, t in zip(heads, ids, texts) if len(h) < len(t)]
+        if cut:  # the heads that were cut tell how many characters `limit` tokens take
+            self.chars_per_token = 0.5 * self.chars_per_token + 0.5 * sum(c for c, _ in cut) / sum(n for _, n in cut)
         # span edges at positions no token spans: the token count of the text before them (one batch)
         edges = [sorted({p for sp in s for p in sp if 0 < p < len(h)}) for h, s in zip(heads, spans)]
         exact = [sum(e) <= 4 * len(h) + 64 and all(self.cutter.hard(t, p) for p in e)
@@ -159,7 +162,7 @@ class HeadEncoder:
         return out
 
     def _guess(self, text: str, limit: int | None) -> str:
-        want = int(limit * self.chars_per_token * 1.1) + 16 if limit else len(text)
+        want = int(limit * self.chars_per_token * 1.05) + 8 if limit else len(text)
         p = self.cutter.cut(text, want) if want < len(text) else None
         return text if p is None else text[:p]
 
