@@ -9,26 +9,19 @@ field, or are skipped and counted up to a cap.
 """
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import ConfigDict
 
+from forge.data.chat_render import DEFAULT_CHAT_TEMPLATE, GENERATION_TAG, ChatRenderer
+from forge.data.head_encode import HeadEncoder, _bisect_bounds
 from forge.errors import ForgeError
 
 IGNORE = -100
 ROLES = ("system", "user", "assistant")
-
-# The default chat template, used when neither the recipe nor the tokenizer gives one:
-#   <s><|system|>\n{system}</s><|user|>\n{question}</s><|assistant|>\n{answer}</s>
-# Each turn is a role header then the content then EOS; the generation prompt is the assistant
-# header. Loss falls on an assistant turn's content and its EOS, never on the header.
-DEFAULT_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
-    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 # logical field -> (default record field, required)
 FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -213,9 +206,6 @@ def to_preference(row: Any, spec: FormatSpec, where: str) -> tuple[list[dict], l
 
 
 # -------------------------------------------------------------------------- messages -> tokens
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
 def resolve_chat_template(tokenizer, spec: FormatSpec) -> tuple[str, str]:
     """(template, origin): the recipe's, else the tokenizer's, else DEFAULT_CHAT_TEMPLATE."""
     if spec.chat_template:
@@ -246,30 +236,27 @@ class ChatEncoder:
             raise ForgeError("SFT tokenization needs a fast tokenizer (tokenizer.json) for character offsets")
         self.tokenizer, self.loss_on = tokenizer, spec.loss_on
         self.template, self.template_origin = resolve_chat_template(tokenizer, spec)
-        self.generation_tags = bool(_GENERATION_TAG.search(self.template))
+        self.generation_tags = bool(GENERATION_TAG.search(self.template))
         self.backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.heads = HeadEncoder(self.backend) if self.backend is not None else None
+        self.renderer = ChatRenderer(self.template, tokenizer.special_tokens_map)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False, spans: bool = False):
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        text, indices = render_jinja_template(
-            [messages], chat_template=self.template, add_generation_prompt=add_generation_prompt,
-            return_assistant_tokens_mask=spans, **self.tokenizer.special_tokens_map)
-        return (text[0], indices[0]) if spans else text[0]
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.renderer.render(messages, add_generation_prompt)
 
     def _spans(self, messages: list[dict], full: str, first: int, where: str) -> list[tuple[int, int]]:
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= first]
         if self.loss_on == "last_assistant":
             turns = turns[-1:]
         if self.generation_tags:
-            _, spans = self.render(messages, spans=True)
+            _, spans = self.renderer.spans(messages)
             return spans[len(spans) - len(turns):] if turns else []
         out = []
         for i in turns:
             if i == 0:
                 raise RecordError(where, "the conversation starts with an assistant turn (nothing to condition on)")
             head = self.render(messages[:i], add_generation_prompt=True)
-            upto = self.render(messages[:i + 1])
+            upto = full if i == len(messages) - 1 else self.render(messages[:i + 1])
             if not (full.startswith(head) and full.startswith(upto)):
                 raise ForgeError("the chat template does not render a conversation's beginning as a prefix of "
                                  "the whole; add {% generation %} blocks around assistant replies")
@@ -279,32 +266,43 @@ class ChatEncoder:
             out.append((len(head), end))
         return out
 
-    def encode(self, messages: list[dict], where: str = "", first_loss_turn: int = 0) -> tuple[list[int], list[int]]:
-        """(input_ids, labels) for a conversation, labels on turns at index >= first_loss_turn."""
+    def prepare(self, messages: list[dict], where: str = "", first_loss_turn: int = 0):
+        """(text, loss spans in characters or None for every token), or RecordError."""
         try:
             full = self.render(messages)
-            spans = None if self.loss_on == "all" else self._spans(messages, full, first_loss_turn, where)
+            return full, None if self.loss_on == "all" else self._spans(messages, full, first_loss_turn, where)
         except ForgeError:
             raise
         except Exception as e:  # jinja errors and raise_exception() from the template
             raise RecordError(where, f"the chat template rejected this conversation: {e}") from None
-        if self.backend is not None:  # the Rust tokenizer directly: same ids and offsets, less wrapping
-            enc = self.backend.encode(full, add_special_tokens=False)
-            ids, offsets = enc.ids, enc.offsets
+
+    def encode_prepared(self, prepared: list[tuple[str, list | None]], limit: int | None = None):
+        """[(input_ids, labels)] of prepared conversations, tokenized in one batch. With `limit`, a long
+        conversation may give only its first tokens, exactly, but at least `limit` of them."""
+        texts, spans = [t for t, _ in prepared], [s or [] for _, s in prepared]
+        if self.heads is None:
+            encs = [self.tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+                    for t in texts]
+            done = [(e["input_ids"], _bisect_bounds(e["offset_mapping"], s)) for e, s in zip(encs, spans)]
         else:
-            enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-            ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        if spans is None:
-            labels = list(ids)
-        else:  # token start offsets are non-decreasing: each span is one slice of tokens
-            starts = [start for start, _ in offsets]
-            labels = [IGNORE] * len(ids)
-            for a, b in spans:
-                lo, hi = bisect.bisect_left(starts, a), bisect.bisect_left(starts, b)
-                labels[lo:hi] = ids[lo:hi]
-        if labels:
-            labels[0] = IGNORE  # the first token is never predicted (same packed or not)
-        return ids, labels
+            done = self.heads.encode(texts, spans, limit)
+        out = []
+        for (ids, bounds), (_, sp) in zip(done, prepared):
+            if sp is None:
+                labels = list(ids)
+            else:
+                labels = [IGNORE] * len(ids)
+                for lo, hi in bounds:
+                    labels[lo:hi] = ids[lo:hi]
+            if labels:
+                labels[0] = IGNORE  # the first token is never predicted (same packed or not)
+            out.append((ids, labels))
+        return out
+
+    def encode(self, messages: list[dict], where: str = "", first_loss_turn: int = 0,
+               limit: int | None = None) -> tuple[list[int], list[int]]:
+        """(input_ids, labels) for a conversation, labels on turns at index >= first_loss_turn."""
+        return self.encode_prepared([self.prepare(messages, where, first_loss_turn)], limit)[0]
 
 
 def _fit(ids: list[int], labels: list[int], seq_len: int, policy: str, stats: FormatStats) -> dict | None:
@@ -327,16 +325,20 @@ def tokenize_sft(messages: list[dict], tokenizer_or_encoder, spec: FormatSpec, s
                  stats: FormatStats | None = None, where: str = "") -> dict | None:
     """{'input_ids', 'labels'} for one conversation, or None when dropped (too long or nothing labelled)."""
     enc = tokenizer_or_encoder if isinstance(tokenizer_or_encoder, ChatEncoder) else ChatEncoder(tokenizer_or_encoder, spec)
-    ids, labels = enc.encode(messages, where)
+    ids, labels = enc.encode(messages, where, limit=seq_len + 1)
     return _fit(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())
 
 
 def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[dict], encoder: ChatEncoder,
                         spec: FormatSpec, seq_len: int, stats: FormatStats, where: str = "") -> dict | None:
     """chosen_/rejected_ input_ids and labels (labels on the reply only); None if either is dropped."""
+    prepared = [encoder.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
+    return _pair(encoder.encode_prepared(prepared, seq_len + 1), spec, seq_len, stats)
+
+
+def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len: int, stats: FormatStats):
     out = {}
-    for name, reply in (("chosen", chosen), ("rejected", rejected)):
-        ids, labels = encoder.encode(prompt + reply, where, first_loss_turn=len(prompt))
+    for name, (ids, labels) in zip(("chosen", "rejected"), encoded):
         ex = _fit(ids, labels, seq_len, spec.too_long, stats)
         if ex is None:
             return None
@@ -345,26 +347,33 @@ def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[d
 
 
 # ------------------------------------------------------------------------------------ streaming
-def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, make,
-             on_error: str, max_errors: int):
-    for _record, where, row in rows:
-        stats.records += 1
-        try:
-            ex = make(row, where)
-        except RecordError as e:
-            if on_error == "fail":
-                raise
-            stats.skipped_errors += 1
-            if len(stats.errors) < 5:
-                stats.errors.append(str(e))
-            if stats.skipped_errors > max_errors:
-                raise ForgeError(f"data source {source_name!r}: more than {max_errors} bad records "
-                                 f"(on_error: skip, max_errors: {max_errors}); first: {stats.errors[0]}; "
-                                 f"last: {e}") from None
-            continue
-        if ex is not None:
-            stats.examples += 1
-            yield ex
+def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, prepare, finish,
+             encoder: ChatEncoder, limit: int, on_error: str, max_errors: int, chunk: int = 64):
+    """Rows -> examples, `chunk` rows at a time: each row's conversations rendered (a bad record raises
+    or is counted), then all of them tokenized in one batch, then finished in order."""
+    rows = iter(rows)
+    while batch := list(islice(rows, chunk)):
+        ready = []
+        for _record, where, row in batch:
+            stats.records += 1
+            try:
+                ready.append(prepare(row, where))
+            except RecordError as e:
+                if on_error == "fail":
+                    raise
+                stats.skipped_errors += 1
+                if len(stats.errors) < 5:
+                    stats.errors.append(str(e))
+                if stats.skipped_errors > max_errors:
+                    raise ForgeError(f"data source {source_name!r}: more than {max_errors} bad records "
+                                     f"(on_error: skip, max_errors: {max_errors}); first: {stats.errors[0]}; "
+                                     f"last: {e}") from None
+        encoded = iter(encoder.encode_prepared([p for items in ready for p in items], limit))
+        for items in ready:
+            ex = finish([next(encoded) for _ in items])
+            if ex is not None:
+                stats.examples += 1
+                yield ex
 
 
 def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
@@ -372,9 +381,8 @@ def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSp
     """Stream {'input_ids', 'labels'} from (record number, 'file:line N', row) triples. A bad record
     raises, or with on_error 'skip' is counted (more than `max_errors` still raise)."""
     enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, source_name, stats,
-                    lambda row, where: tokenize_sft(to_messages(row, spec, where), enc, spec, seq_len, stats, where),
-                    on_error, max_errors)
+    return _records(rows, source_name, stats, lambda row, where: [enc.prepare(to_messages(row, spec, where), where)],
+                    lambda done: _fit(*done[0], seq_len, spec.too_long, stats), enc, seq_len + 1, on_error, max_errors)
 
 
 def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
@@ -382,7 +390,10 @@ def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: F
                         max_errors: int = 100) -> Iterator[dict]:
     """Stream tokenized preference pairs (see tokenize_preference)."""
     enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, source_name, stats,
-                    lambda row, where: tokenize_preference(*to_preference(row, spec, where), enc, spec, seq_len,
-                                                           stats, where),
-                    on_error, max_errors)
+
+    def prepare(row, where):
+        prompt, chosen, rejected = to_preference(row, spec, where)
+        return [enc.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
+
+    return _records(rows, source_name, stats, prepare, lambda done: _pair(done, spec, seq_len, stats), enc,
+                    seq_len + 1, on_error, max_errors)

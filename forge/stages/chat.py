@@ -78,10 +78,17 @@ def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], 
              sample: bool = False, num_return_sequences: int = 1) -> list[str]:
     """Completions of chat prompts (greedy unless `sample`), decoded without special tokens; with
     num_return_sequences the completions of one prompt are consecutive."""
-    was_training = model.training
-    model.eval()
     texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return generate_ids(model, tokenizer, ids, max_new_tokens, device, sample, num_return_sequences)
+
+
+@torch.no_grad()
+def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, device, sample: bool = False,
+                 num_return_sequences: int = 1) -> list[str]:
+    """Completions of already tokenized prompts (see generate)."""
+    was_training = model.training
+    model.eval()
     width = max(len(x) for x in ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # left padding

@@ -6,7 +6,8 @@ template, labels on the replies. With `reference: cached` (the default) the refe
 reply log-probs are computed once, before training, by a model that is then dropped, and kept
 on disk (`reference_logps.pt`, keyed by checkpoint and data), so the reference never sits in
 memory while the policy trains; `reference: live` keeps it and runs it every step. Held-out
-pairs give reward margin and accuracy at the start and the end.
+pairs give reward margin and accuracy at the start and the end; every `samples.every` steps a sample
+table (forge.stages.dpo_samples).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from forge.data.formats import FormatStats, preference_examples, resolve_chat_te
 from forge.errors import ForgeError
 from forge.recipe_train import DpoStage
 from forge.stages.chat import chat_spec, lora_wrap, save_final, split_rows
+from forge.stages.dpo_samples import log_dpo_samples
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import split_state
 from forge.train.meter import Meter
@@ -207,6 +209,9 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
             with meter.paused():
                 if held and stage.eval.every and step % stage.eval.every == 0 and not last:
                     evaluate(step)
+                if stage.samples.every and step % stage.samples.every == 0 and s.accelerator.is_main_process:
+                    log_dpo_samples(tracker, step, stage, s.accelerator.unwrap_model(s.model), tok, held, train, ref,
+                                    live, pad_id, s.device)
                 if not last and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
                     guard.last_good_checkpoint = s.save_resumable(state)
             if halt and not last:

@@ -259,9 +259,9 @@ def test_a_readers_error_in_place_of_a_row_is_reported_once(tok):
 
 def test_rust_fast_path_matches_the_transformers_call(tok):
     enc = ChatEncoder(tok, FormatSpec("messages", chat_template=CHATML))
-    assert enc.backend is not None
+    assert enc.heads is not None and enc.heads.cutter is not None
     fast = enc.encode(CONVO)
-    enc.backend = None
+    enc.heads = None
     assert enc.encode(CONVO) == fast
 
 

@@ -125,3 +125,33 @@ def test_dpo_on_hh_rlhf_harmless_with_stories260k(tmp_path):
     late = rows[-5:]
     assert sum(r["rewards/margin"] for r in late) / len(late) > 0.05
     assert sum(r["rewards/accuracy"] for r in late) / len(late) > 0.6
+
+
+def test_sample_tables_reach_mlflow_with_pairs_generations_and_implicit_rewards(tmp_path, tiny_checkpoint):
+    """Every samples.every steps: an MLflow table of prompt, chosen, rejected, the policy's completion
+    and the implicit rewards; cached and live references give the same rewards."""
+    import mlflow
+
+    from forge.track import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "dpo-samples")
+    tables = {}
+    for mode in ("cached", "live"):
+        stage = dpo(max_steps=4, reference=mode, samples={"every": 2, "prompts": 3, "max_new_tokens": 4})
+        with tracker.run(f"dpo-{mode}") as run_id:
+            run_stage(stage, tiny_checkpoint, {"prefs": pair_source(tmp_path)}, tmp_path / mode, tracker=tracker)
+        client = mlflow.MlflowClient()
+        assert sorted(a.path for a in client.list_artifacts(run_id, "samples")) == [
+            "samples/step-0000002.json", "samples/step-0000004.json"]
+        tables[mode] = [mlflow.load_table(f"samples/step-{s:07d}.json", run_ids=[run_id]) for s in (2, 4)]
+    for t in tables["cached"]:
+        assert list(t.columns) == ["step", "prompt", "completion", "chosen", "rejected", "reward_chosen",
+                                   "reward_rejected", "margin"]
+        assert len(t) == 3 and all(c.startswith("It is ") for c in t["chosen"])
+        assert set(t["rejected"]) == {"I do not know."} and all("color" in p for p in t["prompt"])
+        assert all(isinstance(c, str) for c in t["completion"])
+        assert ((t["margin"] - (t["reward_chosen"] - t["reward_rejected"])).abs() < 1e-6).all()
+    late = tables["cached"][1]
+    assert late["margin"].abs().max() > 1e-3  # the policy has moved away from the reference by step 4
+    for a, b in zip(tables["cached"], tables["live"]):
+        assert ((a["margin"] - b["margin"]).abs() < 1e-4).all()
