@@ -71,6 +71,8 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     wrap = lora_wrap(stage.lora, where) if stage.lora else None
     s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
     tracker, tok = inputs.tracker, s.tokenizer
+    if s.rank:  # each rank samples its own completions (rank 0 keeps the recipe's seed)
+        torch.manual_seed(stage.seed + s.rank)
     rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
             if _check_row(row, stage.prompt_field, at)]
     if not rows:
