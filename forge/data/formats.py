@@ -331,12 +331,26 @@ def tokenize_sft(messages: list[dict], tokenizer_or_encoder, spec: FormatSpec, s
     return _fit(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())
 
 
+def _keep_reply(ids: list[int], labels: list[int], seq_len: int, stats: FormatStats) -> tuple[list[int], list[int]]:
+    """A too-long preference sequence loses the start of its prompt (after the first token), not
+    the end of its reply: the reply is what the pair compares (TRL's `keep_end`). A reply that
+    alone overflows is left to the usual cut from the right."""
+    cut = len(ids) - seq_len
+    first = next((i for i, x in enumerate(labels) if x != IGNORE), len(ids))
+    if cut <= 0 or first - cut < 1:
+        return ids, labels
+    stats.truncated += 1
+    return ids[:1] + ids[1 + cut:], labels[:1] + labels[1 + cut:]
+
+
 def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[dict], encoder: ChatEncoder,
                         spec: FormatSpec, seq_len: int, stats: FormatStats, where: str = "") -> dict | None:
     """chosen_/rejected_ input_ids and labels (labels on the reply only); None if either is dropped."""
     out = {}
     for name, reply in (("chosen", chosen), ("rejected", rejected)):
         ids, labels = encoder.encode(prompt + reply, where, first_loss_turn=len(prompt))
+        if spec.too_long == "truncate":
+            ids, labels = _keep_reply(ids, labels, seq_len, stats)
         ex = _fit(ids, labels, seq_len, spec.too_long, stats)
         if ex is None:
             return None
