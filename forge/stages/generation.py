@@ -51,8 +51,12 @@ class VllmGenerator:
     def __init__(self, stage, checkpoint, tokenizer, seed: int):
         if not vllm_installed():  # the recipe check normally catches this first
             raise ForgeError(f"stage {stage.name}: generation: vllm, but vllm is not installed (pip install vllm)")
+        import os
+
         from vllm import LLM, SamplingParams
 
+        # the engine in this process (not vLLM V1's engine-core subprocess), so its model can take new weights
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.stage, self.tok = stage, tokenizer
         self.llm = LLM(model=str(checkpoint), tokenizer=str(checkpoint), dtype="float32" if stage.precision == "fp32"
                        else "bfloat16", seed=seed, gpu_memory_utilization=stage.vllm_gpu_memory,

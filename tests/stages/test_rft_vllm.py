@@ -160,3 +160,23 @@ def test_vllm_generator_refuses_an_engine_it_cannot_sync(tmp_path, tiny_checkpoi
     del gen.llm.llm_engine.model_executor
     with pytest.raises(ForgeError, match="generation: hf"):
         gen.sync(AutoModelForCausalLM.from_pretrained(tiny_checkpoint))
+
+
+def test_lora_policy_reaches_the_engine_merged_under_plain_names(tiny_checkpoint):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from forge.stages.generation import _plain_named_parameters
+
+    plain = dict(AutoModelForCausalLM.from_pretrained(tiny_checkpoint).named_parameters())
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_checkpoint),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    sent = {k: v.detach().clone() for k, v in _plain_named_parameters(model)}
+    merged = dict(model.merge_and_unload().named_parameters())
+    assert set(sent) == set(plain)
+    assert all(torch.allclose(sent[k], merged[k], atol=1e-6) for k in sent)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"], plain["model.layers.0.self_attn.q_proj.weight"])
