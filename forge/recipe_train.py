@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from forge.recipe_data import NAME, Strict
 
@@ -347,9 +347,22 @@ class RftStage(PostTrainSettings):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.0, ge=0, description="KL penalty toward the input checkpoint; 0 = none")
     updates_per_rollout: int = Field(1, ge=1, le=64, description="optimizer steps on each batch of rollouts")
+    generation: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers generate with sampling; vllm: vLLM's offline engine, weights synced each rollout")
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="vllm: share of GPU memory its engine may take")
     batch_size: int = Field(4, gt=0, le=65_536)
     optim: Optim = Optim(lr=1e-5)
     schedule: Schedule = Schedule(kind="constant")
+
+    @field_validator("generation")
+    @classmethod
+    def _vllm_installed(cls, value: str) -> str:
+        import importlib.util
+
+        if value == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError("generation: vllm needs the vllm package, which is not installed here "
+                             "(pip install vllm, on a machine with a supported GPU), or use generation: hf")
+        return value
 
 
 def stage_union(kinds: dict[str, type]) -> Any:

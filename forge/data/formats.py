@@ -329,16 +329,36 @@ def tokenize_sft(messages: list[dict], tokenizer_or_encoder, spec: FormatSpec, s
     return _fit(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())
 
 
+def _keep_reply(ids: list[int], labels: list[int], seq_len: int, stats: FormatStats) -> tuple[list[int], list[int]]:
+    """A too-long preference sequence loses the start of its prompt (after the first token), not
+    the end of its reply: the reply is what the pair compares (TRL's `keep_end`). A reply that
+    alone overflows is left to the usual cut from the right."""
+    cut = len(ids) - seq_len
+    first = next((i for i, x in enumerate(labels) if x != IGNORE), len(ids))
+    if cut <= 0 or first - cut < 1:
+        return ids, labels
+    stats.truncated += 1
+    return ids[:1] + ids[1 + cut:], labels[:1] + labels[1 + cut:]
+
+
 def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[dict], encoder: ChatEncoder,
                         spec: FormatSpec, seq_len: int, stats: FormatStats, where: str = "") -> dict | None:
     """chosen_/rejected_ input_ids and labels (labels on the reply only); None if either is dropped."""
     prepared = [encoder.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
-    return _pair(encoder.encode_prepared(prepared, seq_len + 1), spec, seq_len, stats)
+    return _pair(encoder.encode_prepared(prepared, _pair_limit(spec, seq_len)), spec, seq_len, stats)
+
+
+def _pair_limit(spec: FormatSpec, seq_len: int) -> int | None:
+    """How many tokens of a pair's sequence to encode: all of them when a long one keeps its reply's
+    end (`too_long: truncate`), else just enough to tell that it overflows."""
+    return None if spec.too_long == "truncate" else seq_len + 1
 
 
 def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len: int, stats: FormatStats):
     out = {}
     for name, (ids, labels) in zip(("chosen", "rejected"), encoded):
+        if spec.too_long == "truncate":
+            ids, labels = _keep_reply(ids, labels, seq_len, stats)
         ex = _fit(ids, labels, seq_len, spec.too_long, stats)
         if ex is None:
             return None
@@ -348,7 +368,7 @@ def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len:
 
 # ------------------------------------------------------------------------------------ streaming
 def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, prepare, finish,
-             encoder: ChatEncoder, limit: int, on_error: str, max_errors: int, chunk: int = 64):
+             encoder: ChatEncoder, limit: int | None, on_error: str, max_errors: int, chunk: int = 64):
     """Rows -> examples, `chunk` rows at a time: each row's conversations rendered (a bad record raises
     or is counted), then all of them tokenized in one batch, then finished in order."""
     rows = iter(rows)
@@ -396,4 +416,4 @@ def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: F
         return [enc.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
 
     return _records(rows, source_name, stats, prepare, lambda done: _pair(done, spec, seq_len, stats), enc,
-                    seq_len + 1, on_error, max_errors)
+                    _pair_limit(spec, seq_len), on_error, max_errors)

@@ -107,3 +107,12 @@ def log_samples(tracker, step: int, prompts: list[list[dict]], completions: list
              "prompt": [p[-1]["content"] for p in prompts],
              "completion": list(completions), **(extra or {})}
     tracker.log_table(table, f"samples/step-{step:07d}.json")
+
+
+def mean_over_ranks(accelerator, row: dict[str, float]) -> dict[str, float]:
+    """Each value averaged over the data-parallel ranks (a collective: every rank calls it), so
+    logged batch statistics describe the whole step, not rank 0's share of it."""
+    if accelerator.num_processes == 1 or not row:
+        return row
+    values = accelerator.reduce(torch.tensor(list(row.values()), dtype=torch.float64, device=accelerator.device), "mean")
+    return dict(zip(row, values.tolist()))

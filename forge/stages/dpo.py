@@ -20,7 +20,7 @@ import torch
 from forge.data.formats import FormatStats, preference_examples, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe_train import DpoStage
-from forge.stages.chat import chat_spec, lora_wrap, save_final, split_rows
+from forge.stages.chat import chat_spec, lora_wrap, mean_over_ranks, save_final, split_rows
 from forge.stages.dpo_samples import log_dpo_samples
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import split_state
@@ -134,7 +134,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train, counts = load_pairs(stage, inputs.sources, tok, held_out=False)
     held, _ = load_pairs(stage, inputs.sources, tok, held_out=True)
-    held = held[: stage.eval.max_blocks * stage.batch_size]
+    held = held[: stage.eval.max_blocks * stage.batch_size * s.world]  # the same pairs whatever the launch
     if not train:
         raise ForgeError(f"{where}: no preference pairs to train on in {stage.data} (all held out, too long or unlabelled)")
     tracker.log_metrics({k: v for n, st in counts.items() for k, v in st.as_dict(f"data.{n}").items()})
@@ -168,11 +168,13 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
     def evaluate(step: int) -> dict[str, float]:
         was = s.model.training
         s.model.eval()
+        starts = range(0, len(held), stage.batch_size)
         rows = [loss_fn(s.model, batch_of(held, list(range(i, min(i + stage.batch_size, len(held)))), "held"))
-                for i in range(0, len(held), stage.batch_size)]
+                for i in starts]
         s.model.train(was)
-        got = {f"eval_{k}": sum(x[k] for x in stats[-len(rows):]) / len(rows) for k in stats[-1]}
-        got["eval_loss"] = sum(float(r) for r in rows) / len(rows)
+        sizes = [min(stage.batch_size, len(held) - i) for i in starts]  # per-pair means, a short last batch too
+        got = {f"eval_{k}": sum(x[k] * n for x, n in zip(stats[-len(rows):], sizes)) / len(held) for k in stats[-1]}
+        got["eval_loss"] = sum(float(r) * n for r, n in zip(rows, sizes)) / len(held)
         del stats[-len(rows):]
         tracker.log_metrics(got, step=step)
         return got
@@ -194,13 +196,15 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
             batches = [batch_of(train, data.next_indices(s.rank, s.world), "train") for _ in range(stage.grad_accum)]
             stats.clear()
             out = train_step(s, batches, loss_fn, guard, step)
-            real = sum(int(b["attention_mask"].sum()) for b in batches) * s.world
+            real = sum(int(b["attention_mask"].sum()) for b in batches)
+            if s.world > 1:  # the other ranks' pairs hold other numbers of tokens
+                real = int(s.accelerator.reduce(torch.tensor(real, device=s.device), "sum").item())
             state.step, state.tokens, loss = step, state.tokens + real, out.loss
             meter.step(real)
             last = step == s.total_steps
             if step % stage.log_every == 0 or last:
                 row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": meter.window_tokens_per_s(),
-                       **{k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}}
+                       **mean_over_ranks(s.accelerator, {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]})}
                 if out.grad_norm is not None:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)

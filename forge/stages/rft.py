@@ -2,7 +2,8 @@
 
 Each rollout: `batch_size` prompts from the data (read as rows: `prompt_field` is the user turn,
 the other columns go to the reward functions), `group` completions per prompt sampled with
-Hugging Face `generate`, scored by the recipe's reward sources (forge.stages.rewards; weighted
+Hugging Face `generate` or, with `generation: vllm`, vLLM's offline engine (forge.stages.generation),
+scored by the recipe's reward sources (forge.stages.rewards; weighted
 sum). Advantages are the rewards normalised within each prompt's group. The objective is the
 clipped policy ratio against the rollout's log-probs, averaged over completion tokens, plus
 `kl_beta` times the k3 KL estimate toward the input checkpoint (Schulman 2020). The policy takes
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
 from forge.recipe_train import RftStage
-from forge.stages.chat import log_samples, lora_wrap, save_final, split_rows
+from forge.stages.chat import log_samples, lora_wrap, mean_over_ranks, save_final, split_rows
+from forge.stages.generation import completion_batch, make_generator
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.rewards import Reward
 from forge.train.checkpoint import split_state
@@ -69,6 +71,8 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     wrap = lora_wrap(stage.lora, where) if stage.lora else None
     s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
     tracker, tok = inputs.tracker, s.tokenizer
+    if s.rank:  # each rank samples its own completions (rank 0 keeps the recipe's seed)
+        torch.manual_seed(stage.seed + s.rank)
     rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
             if _check_row(row, stage.prompt_field, at)]
     if not rows:
@@ -80,6 +84,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
         ref, _ = load_model(inputs.checkpoint)
         ref.to(s.device).eval().requires_grad_(False)
     data = PromptStream(rows)
+    generator = make_generator(stage, inputs.checkpoint, tok, pad, s.device, stage.seed + s.rank)
     guard = DivergenceGuard(stage.guard, where)
     state = TrainState(s.optimizer, s.scheduler, data, guard)
     if s.restore(state):
@@ -91,23 +96,16 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     def make_rollout(step: int) -> list[dict]:
         model = s.accelerator.unwrap_model(s.model)
         model.eval()
+        generator.sync(model)
         out, table = [], {"prompts": [], "completions": [], "reward": []}
         for _ in range(stage.grad_accum):
-            batch = data.take(stage.batch_size)
+            # every rank takes the whole step's prompts and keeps its share, as the other stages do
+            batch = data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
             messages = [[{"role": "user", "content": r[stage.prompt_field]}] for r in batch]
             ids = [tok(encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"] for m in messages]
-            width = max(map(len, ids))
-            prompt = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=s.device)
-            pmask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=s.device)
-            seqs = model.generate(input_ids=prompt, attention_mask=pmask, do_sample=True, temperature=stage.temperature,
-                                  top_p=stage.top_p, max_new_tokens=stage.max_new_tokens,
-                                  num_return_sequences=stage.group, pad_token_id=pad, eos_token_id=tok.eos_token_id)
-            comp = seqs[:, width:]
-            is_eos = comp == tok.eos_token_id
-            after = (is_eos.cumsum(1) - is_eos.long()) > 0  # tokens after the first EOS
-            cmask = (~after).long()
-            mask = torch.cat([pmask.repeat_interleave(stage.group, 0), cmask], 1)
-            texts = tok.batch_decode(comp.masked_fill(after, pad), skip_special_tokens=True)
+            completions = generator.generate(model, ids)
+            seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, pad, s.device)
+            texts = tok.batch_decode(completions, skip_special_tokens=True)
             prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
             fields = {k: [r.get(k) for r in batch for _ in range(stage.group)]
                       for k in batch[0] if k != stage.prompt_field}
@@ -149,7 +147,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             if (step - 1) % stage.updates_per_rollout == 0 or not rollout:
                 with meter.paused():
                     rollout, table = make_rollout(step)
-                reward_row = _reward_metrics(rollout)
+                reward_row = _reward_metrics(rollout, s.accelerator)
                 first_reward = reward_row["reward_mean"] if first_reward is None else first_reward
                 if stage.samples.every and step % stage.samples.every == 0:
                     n = stage.samples.prompts * stage.group
@@ -160,11 +158,13 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
                         and not isinstance(v, int)} | {"start": torch.tensor(b["start"])} for b in rollout]
             out = train_step(s, batches, loss_fn, guard, step)
             tokens = sum(int(b["targets"]) for b in rollout)
+            if s.world > 1:
+                tokens = int(s.accelerator.reduce(torch.tensor(tokens, device=s.device), "sum").item())
             state.step, state.tokens, loss = step, state.tokens + tokens, out.loss
             meter.step(tokens)
             row = {"loss": out.loss, "lr": out.lr, **reward_row,
-                   "completion_length": tokens / sum(len(b["total"]) for b in rollout),
-                   **{k: sum(x[k] for x in stats) / len(stats) for k in stats[0]}}
+                   "completion_length": tokens / (s.world * sum(len(b["total"]) for b in rollout)),
+                   **mean_over_ranks(s.accelerator, {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]})}
             if step % stage.log_every == 0 or step == s.total_steps:
                 tracker.log_metrics(row, step=step)
             halt = agreed(stop.requested, s.accelerator)
@@ -180,6 +180,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     metrics.update(meter.totals())
     metrics["peak_mem_bytes"] = s.memory.peak_bytes()
     lineage = {"rewards": [r.model_dump() for r in stage.rewards], "reference": str(inputs.checkpoint),
+               "generation": stage.generation,
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
     result = StageResult(inputs.out_dir / "final", metrics, s.total_steps, {n: state.tokens for n in stage.data[:1]},
                          lineage)
@@ -197,11 +198,16 @@ def _check_row(row, field: str, where: str) -> bool:
     return True
 
 
-def _reward_metrics(rollout: list[dict]) -> dict[str, float]:
-    total = torch.cat([b["total"] for b in rollout])
+def _reward_metrics(rollout: list[dict], accelerator) -> dict[str, float]:
+    """Mean and std of the weighted reward and of each source's, over every rank's completions."""
+    def gathered(values) -> torch.Tensor:
+        t = torch.as_tensor(values, dtype=torch.float64)
+        return accelerator.gather(t.to(accelerator.device)).cpu() if accelerator.num_processes > 1 else t
+
+    total = gathered(torch.cat([b["total"] for b in rollout]))
     row = {"reward_mean": total.mean().item(), "reward_std": total.std().item() if len(total) > 1 else 0.0}
     for source in rollout[0]["scores"]:
-        vals = torch.tensor(list(itertools.chain.from_iterable(b["scores"][source] for b in rollout)))
+        vals = gathered(list(itertools.chain.from_iterable(b["scores"][source] for b in rollout)))
         key = re.sub(r"[^A-Za-z0-9_./-]+", "_", source)  # an MLflow metric name
         row[f"reward.{key}.mean"] = vals.mean().item()
         row[f"reward.{key}.std"] = vals.std().item() if len(vals) > 1 else 0.0

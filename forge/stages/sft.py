@@ -114,7 +114,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     tracker.log_metrics({f"{k}.{n}": v for n, st in counts.items() for k, v in st.as_dict(f"data.{n}").items()})
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, pad_id, stage.seed)
-    held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size], stage.batch_size, pad_id)[0] if held else []
+    held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size, pad_id)[0] if held else []
     guard = DivergenceGuard(stage.guard, where)
     state = TrainState(s.optimizer, s.scheduler, data, guard)
     encoder = ChatEncoder(tok, chat_spec(inputs.sources[stage.data[0]], where))
@@ -145,7 +145,9 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
             before = data.real_tokens
             batches = [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)]
             out = train_step(s, batches, masked_lm_loss, guard, step)
-            real = (data.real_tokens - before) * s.world  # approximate for other ranks: same batch shapes
+            real = data.real_tokens - before
+            if s.world > 1:  # the other ranks' batches hold other numbers of real tokens
+                real = int(s.accelerator.reduce(torch.tensor(real, device=s.device), "sum").item())
             state.step, state.tokens, loss = step, state.tokens + real, out.loss
             meter.step(real)
             last = step == s.total_steps

@@ -206,6 +206,18 @@ def test_too_long_truncate_and_drop_are_counted(tok):
     assert stats.as_dict()["data.format.truncated"] == 2
 
 
+def test_too_long_preference_pairs_lose_the_prompt_start_not_the_reply(tok):
+    row = {"prompt": "long question " * 60, "chosen": "Yes, surely.", "rejected": "No."}
+    full, cut = (list(preference_examples([(1, "w", row)], tok, FormatSpec("preference", too_long=t), n, "p",
+                                          FormatStats())) for t, n in (("drop", 4096), ("truncate", 48)))
+    (full,), (cut,) = full, cut
+    for side in ("chosen", "rejected"):
+        ids, labels = cut[f"{side}_input_ids"], cut[f"{side}_labels"]
+        assert len(ids) == 48 and ids[0] == full[f"{side}_input_ids"][0]  # BOS kept
+        assert ids[-20:] == full[f"{side}_input_ids"][-20:]  # the reply's end is all there
+        assert [x for x in labels if x != -100] == [x for x in full[f"{side}_labels"] if x != -100]
+
+
 # ---------------------------------------------------------------------------------- bad records
 BAD = [
     ('{"messages": [{"role": "user", "content": "hi"}]', "malformed JSON", None),

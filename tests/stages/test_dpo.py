@@ -96,35 +96,32 @@ def test_dpo_raises_held_out_margin_and_accuracy(tmp_path, tiny_checkpoint):
 
 
 @pytest.mark.slow
-def test_dpo_on_hh_rlhf_harmless_with_stories260k(tmp_path):
-    """Real pairs on a real (tiny) model: the pairs parse, the reference is cached, and the policy
-    learns the pairs it trains on. Held-out margin is printed, not asserted: at this CPU budget
-    stories260K (trained on TinyStories) does not generalise on HH-harmless (see the report)."""
+def test_dpo_on_hh_rlhf_harmless_raises_held_out_margin_and_accuracy(tmp_path):
+    """Real pairs on a real (tiny) model: stories260K (TinyStories, vocab 512) trained with DPO on
+    HH-RLHF harmless pairs prefers the chosen reply more often on pairs it never saw, and the
+    held-out DPO loss falls below log 2. A small effect, as for any model: a unigram classifier on
+    these replies reaches 0.59 held-out, reply length alone 0.55. It needs many held-out pairs to
+    measure (here 156), a gentle update and large batches (one epoch of 32-pair steps): at lr 2e-4
+    the held-out margins spread, the loss rises and accuracy drifts back to 0.5 within 20 steps;
+    with 8-pair batches one data order in five (seed 3) went the wrong way.
+    Measured at the end (data orders, seeds 0 / 1 / 2 / 3): held-out accuracy 0.519 / 0.564 / 0.558 /
+    0.564, margin 0.035 / 0.066 / 0.062 / 0.037, loss 0.6895 / 0.6735 / 0.6758 / 0.6846 (log 2 =
+    0.6931) on 156 pairs."""
     import gzip
 
     model = shared_path("models", "stories260K")
     lines = gzip.open(shared_path("preference", "hh_rlhf_harmless", "test.jsonl.gz"), "rt").readlines()
     data = tmp_path / "hh.jsonl"
-    data.write_text("".join(lines[:200]))  # a CPU-sized sample of the 2,312 pairs: 2+ epochs in 20 steps
-    src = resolve_source("hh", DataSource(path=str(data), holdout=0.1, chat={"kind": "hh"}, on_error="skip"), tmp_path)
-    stage = dpo(data=["hh"], max_steps=20, seq_len=384, batch_size=8, beta=0.1, optim={"lr": 2e-4},
-                eval={"max_blocks": 8})
-    rows = []
-
-    class Rows:
-        def log_metrics(self, m, step=None):
-            if "rewards/margin" in m:
-                rows.append(m)
-
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
-    m = run_stage(stage, model, {"hh": src}, tmp_path / "o", tracker=Rows()).metrics
-    print({k: round(v, 3) for k, v in m.items() if "eval" in k or k == "train_pairs"})
-    assert m["train_pairs"] > 60 and (tmp_path / "o" / "reference_logps.pt").is_file()
-    late = rows[-5:]
-    assert sum(r["rewards/margin"] for r in late) / len(late) > 0.05
-    assert sum(r["rewards/accuracy"] for r in late) / len(late) > 0.6
+    data.write_text("".join(lines[:1100]))  # ~360 pairs fit in 256 tokens: ~205 to train on, ~156 held out
+    src = resolve_source("hh", DataSource(path=str(data), holdout=0.45, chat={"kind": "hh"}, on_error="skip"), tmp_path)
+    stage = dpo(data=["hh"], max_steps=6, seq_len=256, batch_size=32, beta=0.1, optim={"lr": 5e-5},
+                eval={"max_blocks": 100}, seed=0)
+    m = run_stage(stage, model, {"hh": src}, tmp_path / "o").metrics
+    print({k: round(v, 4) for k, v in m.items() if "eval" in k or k.endswith("_pairs")})
+    assert m["train_pairs"] > 150 and m["heldout_pairs"] > 120 and (tmp_path / "o" / "reference_logps.pt").is_file()
+    assert m["eval_rewards/margin_start"] == pytest.approx(0.0, abs=1e-5)
+    assert m["eval_rewards/margin"] > 0.01 and m["eval_rewards/accuracy"] > 0.5
+    assert m["eval_loss"] < m["eval_loss_start"] - 0.002
 
 
 def test_sample_tables_reach_mlflow_with_pairs_generations_and_implicit_rewards(tmp_path, tiny_checkpoint):
