@@ -29,8 +29,10 @@ WORDS = ["the", "cancer", "cells", "is", "a", "type", "of", "treatment", "don't"
          "<|user|>", "\u00a0nbsp", "\x1c", "a\rb"]
 
 
-def reference(tokenizer, spec: FormatSpec, messages: list[dict], seq_len: int, first: int = 0):
-    """input_ids and labels the plain way, or None when dropped (too long or nothing labelled)."""
+def reference(tokenizer, spec: FormatSpec, messages: list[dict], seq_len: int, first: int = 0,
+              keep_end: bool = False):
+    """input_ids and labels the plain way, or None when dropped (too long or nothing labelled).
+    `keep_end`: a preference sequence that is too long loses its prompt's start, not its reply's end."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     template = resolve_chat_template(tokenizer, spec)[0]
@@ -64,6 +66,9 @@ def reference(tokenizer, spec: FormatSpec, messages: list[dict], seq_len: int, f
     if len(ids) > seq_len:
         if spec.too_long == "drop":
             return None
+        cut, reply = len(ids) - seq_len, next((i for i, x in enumerate(labels) if x != IGNORE), len(ids))
+        if keep_end and reply - cut >= 1:
+            ids, labels = ids[:1] + ids[1 + cut:], labels[:1] + labels[1 + cut:]
         ids, labels = ids[:seq_len], labels[:seq_len]
     return None if all(x == IGNORE for x in labels) else {"input_ids": ids, "labels": labels}
 
@@ -193,7 +198,7 @@ def test_tokenizer_template_and_preference_pairs_equal_the_reference(stories_tok
         row = {"prompt": chat[:-1], "chosen": long, "rejected": "No " + chat[-1]["content"]}
         rows.append((i, f"p:{i}", row))
         pair = [reference(tok, spec, row["prompt"] + [{"role": "assistant", "content": row[name]}], 128,
-                          first=len(row["prompt"])) for name in ("chosen", "rejected")]
+                          first=len(row["prompt"]), keep_end=True) for name in ("chosen", "rejected")]
         if all(pair):
             want.append({f"{n}_{k}": pair[j][k] for j, n in enumerate(("chosen", "rejected"))
                          for k in ("input_ids", "labels")})
