@@ -75,9 +75,9 @@ def save_final(session, path: Path, state: dict, training: dict | None, lora, ba
 # ---------------------------------------------------------------------------------- samples
 @torch.no_grad()
 def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], max_new_tokens: int, device,
-             sample: bool = False, num_return_sequences: int = 1) -> list[str]:
-    """Completions of chat prompts (greedy unless `sample`), decoded without special tokens; with
-    num_return_sequences the completions of one prompt are consecutive."""
+             sample: bool = False, num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
+    """Completions of chat prompts (greedy unless `sample`, then at `temperature`), decoded without
+    special tokens; with num_return_sequences the completions of one prompt are consecutive."""
     was_training = model.training
     model.eval()
     texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
@@ -87,6 +87,7 @@ def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], 
     batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
     out = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
+                         **({"temperature": temperature} if sample else {}),
                          num_return_sequences=num_return_sequences, pad_token_id=pad,
                          eos_token_id=tokenizer.eos_token_id)
     model.train(was_training)
