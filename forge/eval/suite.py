@@ -49,7 +49,8 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
     """The suite with its defaults filled from the recipe: domain = the proprietary sources the
     stages train on, general = the others; seq_len and separator from the last training stage."""
     block = block or EvalBlock()
-    trained = list(dict.fromkeys(n for s in stages for n in s.sources))
+    # an rft stage's data are prompt rows (eval.reward reads them), not text to measure perplexity on
+    trained = list(dict.fromkeys(n for s in stages if getattr(s, "kind", None) != "rft" for n in s.sources))
     if not stages:  # a suite file: every source it names is the suite's
         trained = list(data)
     trained = [n for n in trained if data[n].chat is None]  # perplexity reads plain text, not chat records
