@@ -3,6 +3,7 @@ recipe) or `package.module:function`: the one loader behind reward sources (forg
 and custom evaluators (forge.eval.evaluators). Errors name the recipe field and the spec."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -30,7 +31,7 @@ def load_function(spec: str, root: Path | None = None, what: str = "function", m
         path = Path(target) if root is None or Path(target).is_absolute() else Path(root) / target
         if not path.is_file():
             raise ForgeError(f"{what} {spec!r}: no file {path}")
-        module_name = f"forge_user_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+        module_name = f"forge_user_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
         mod_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[module_name] = module  # dataclasses and pickling inside the file look themselves up here

@@ -127,6 +127,13 @@ def test_defaults_come_from_the_rft_stage_and_a_recipe_without_one_must_name_the
         resolve_suite(EvalBlock(reward={}), [], {})
     with pytest.raises(ValueError, match="samples > 1 needs a temperature"):
         EvalBlock(reward={"samples": 2})
+    # at load time: a recipe without an rft stage names what eval.reward lacks
+    from forge.recipe import load_recipe
+    from forge_testing import base_recipe
+
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, eval={"reward": {"source": "general"}}))
+    with pytest.raises(ForgeError, match=r"eval.reward.rewards: the recipe has no rft stage to take it from"):
+        load_recipe(path)
 
 
 def test_forge_eval_models_json_and_markdown_with_a_reward_gate(toy, tmp_path, capsys):
