@@ -106,7 +106,7 @@ class EvalBlock(Strict):
     after_each_stage: bool = Field(
         False, description="also evaluate each stage's output as soon as that stage ends (into its MLflow run)")
     primary: str | None = Field(
-        None, description="the metric that decides the champion; default: ppl of the first domain source")
+        None, description="the metric that decides the champion; default: ppl of the first domain source, else reward.mean")
     gates: Gates = Gates()
     intended_use: str | None = Field(None, description="the model card's intended-use paragraph")
     limitations: list[str] = Field(default_factory=list, description="model card: limitations besides forge's own")

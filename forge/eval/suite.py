@@ -84,11 +84,13 @@ def _reward_defaults(reward, stages: list):
 
 def primary_metric(suite: EvalBlock) -> str:
     """The metric that decides the champion: the recipe's, else the first domain (then general)
-    source's held-out perplexity."""
+    source's held-out perplexity, else the mean reward."""
     if suite.primary:
         return suite.primary
     names = [*(suite.domain or []), *(suite.general or []), *suite.perplexity]
-    return f"ppl.{names[0]}" if names else "eval_loss"
+    if names:
+        return f"ppl.{names[0]}"
+    return "reward.mean" if suite.reward is not None else "eval_loss"
 
 
 def _records(source, split: str) -> list[dict]:
