@@ -10,23 +10,12 @@ import torch
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
 from forge.stages.chat import generate
-from forge.stages.rewards import Reward, RewardError
+from forge.stages.rewards import Reward, RewardError, unique_labels
 
 
 def load_rewards(specs: list, root=None) -> list[Reward]:
     """The reward sources, resolved once (a bad file or module fails here, before any model loads)."""
     return [Reward(spec, root) for spec in specs]
-
-
-def labels(rewards: list[Reward]) -> list[str]:
-    """Each source's metric label, made unique (two sources may share a function name)."""
-    out: list[str] = []
-    for r in rewards:
-        label, n = r.label, 2
-        while label in out:
-            label, n = f"{r.label}_{n}", n + 1
-        out.append(label)
-    return out
 
 
 def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: list[Reward], max_new_tokens: int,
@@ -42,7 +31,7 @@ def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: 
     sample = temperature is not None
     if sample:
         torch.manual_seed(seed)  # the same draws for every model compared
-    names = labels(rewards)
+    names = unique_labels(rewards)
     totals = {name: 0.0 for name in names}
     weighted, count = 0.0, 0
     for batch, i in enumerate(range(0, len(rows), batch_size)):

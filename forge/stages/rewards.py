@@ -134,6 +134,17 @@ def reward_label(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]+", "_", label) or "reward"
 
 
+def unique_labels(rewards: list["Reward"]) -> list[str]:
+    """Each source's metric label, made unique (two sources may share a function name)."""
+    out: list[str] = []
+    for r in rewards:
+        label, n = r.label, 2
+        while label in out:
+            label, n = f"{r.label}_{n}", n + 1
+        out.append(label)
+    return out
+
+
 def _boto_lambda(region: str | None):
     try:
         import boto3

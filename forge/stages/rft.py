@@ -11,7 +11,6 @@ clipped policy ratio against the rollout's log-probs, averaged over completion t
 from __future__ import annotations
 
 import itertools
-import re
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ from forge.errors import ForgeError
 from forge.recipe_train import RftStage
 from forge.stages.chat import log_samples, lora_wrap, save_final, split_rows
 from forge.stages.result import StageInputs, StageResult
-from forge.stages.rewards import Reward
+from forge.stages.rewards import Reward, unique_labels
 from forge.train.checkpoint import split_state
 from forge.train.meter import Meter
 from forge.train.progress import progress
@@ -66,6 +65,7 @@ def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     where = f"stage {stage.name}"
     rewards = [Reward(r) for r in stage.rewards]  # fails before any model loads on a bad source
+    labels = dict(zip((r.source for r in rewards), unique_labels(rewards)))  # metric names, as eval.reward's
     wrap = lora_wrap(stage.lora, where) if stage.lora else None
     s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
     tracker, tok = inputs.tracker, s.tokenizer
@@ -149,7 +149,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             if (step - 1) % stage.updates_per_rollout == 0 or not rollout:
                 with meter.paused():
                     rollout, table = make_rollout(step)
-                reward_row = _reward_metrics(rollout)
+                reward_row = _reward_metrics(rollout, labels)
                 first_reward = reward_row["reward_mean"] if first_reward is None else first_reward
                 if stage.samples.every and step % stage.samples.every == 0:
                     n = stage.samples.prompts * stage.group
@@ -197,12 +197,12 @@ def _check_row(row, field: str, where: str) -> bool:
     return True
 
 
-def _reward_metrics(rollout: list[dict]) -> dict[str, float]:
+def _reward_metrics(rollout: list[dict], labels: dict[str, str]) -> dict[str, float]:
     total = torch.cat([b["total"] for b in rollout])
     row = {"reward_mean": total.mean().item(), "reward_std": total.std().item() if len(total) > 1 else 0.0}
     for source in rollout[0]["scores"]:
         vals = torch.tensor(list(itertools.chain.from_iterable(b["scores"][source] for b in rollout)))
-        key = re.sub(r"[^A-Za-z0-9_./-]+", "_", source)  # an MLflow metric name
+        key = labels[source]
         row[f"reward.{key}.mean"] = vals.mean().item()
         row[f"reward.{key}.std"] = vals.std().item() if len(vals) > 1 else 0.0
     return row
