@@ -28,27 +28,25 @@ def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: 
     if not rewards:
         raise ForgeError(f"{where}: no reward functions")
     encoder = ChatEncoder(tokenizer, FormatSpec("prompt_completion"))
-    sample = temperature is not None
-    if sample:
-        torch.manual_seed(seed)  # the same draws for every model compared
     names = unique_labels(rewards)
     totals = {name: 0.0 for name in names}
     weighted, count = 0.0, 0
-    for batch, i in enumerate(range(0, len(rows), batch_size)):
-        chunk = rows[i:i + batch_size]
-        messages = [[{"role": "user", "content": r[prompt_field]}] for r in chunk]
-        texts = generate(model, tokenizer, encoder, messages, max_new_tokens, device, sample=sample,
-                         num_return_sequences=samples, temperature=temperature or 1.0)
-        prompts = [r[prompt_field] for r in chunk for _ in range(samples)]
-        fields = {k: [r.get(k) for r in chunk for _ in range(samples)] for k in chunk[0] if k != prompt_field}
-        per_source = []
-        for reward, name in zip(rewards, names):
-            try:
-                scores = reward(prompts, texts, fields, batch)
-            except RewardError as e:
-                raise RewardError(f"{where}: {e}") from None
-            totals[name] += sum(scores)
-            per_source.append((reward.weight, scores))
-        weighted += sum(w * s for w, scores in per_source for s in scores)
-        count += len(texts)
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
+        torch.manual_seed(seed)  # sampled: the same draws for every model compared
+        for batch, i in enumerate(range(0, len(rows), batch_size)):
+            chunk = rows[i:i + batch_size]
+            messages = [[{"role": "user", "content": r[prompt_field]}] for r in chunk]
+            texts = generate(model, tokenizer, encoder, messages, max_new_tokens, device, sample=temperature is not None,
+                             num_return_sequences=samples, temperature=temperature or 1.0)
+            prompts = [r[prompt_field] for r in chunk for _ in range(samples)]
+            fields = {k: [r.get(k) for r in chunk for _ in range(samples)] for k in chunk[0] if k != prompt_field}
+            for reward, name in zip(rewards, names):
+                try:
+                    scores = reward(prompts, texts, fields, batch)
+                except RewardError as e:
+                    raise RewardError(f"{where}: {e}") from None
+                totals[name] += sum(scores)
+                weighted += reward.weight * sum(scores)
+            count += len(texts)
     return {"reward.mean": weighted / count, **{f"reward.{name}.mean": totals[name] / count for name in names}}
