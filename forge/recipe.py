@@ -150,6 +150,11 @@ class Recipe(Strict):
             for src in self.eval.sources():
                 if src not in self.data:
                     problems.append(f"eval: unknown data source {src!r}; known: {sorted(self.data)}")
+            rft = [s for s in self.stages if s.kind == "rft"]
+            if self.eval.reward is not None and not rft:  # its defaults come from an rft stage
+                for key in ("source", "rewards"):
+                    if getattr(self.eval.reward, key) is None:
+                        problems.append(f"eval.reward.{key}: the recipe has no rft stage to take it from; give it")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -319,6 +324,11 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
     ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
     if isinstance(ev.get("custom"), list):  # 'file.py:function': the file relative to the recipe
         ev["custom"] = [fix(x) if isinstance(x, str) and ":" in x else x for x in ev["custom"]]
+    rw = ev.get("reward") if isinstance(ev.get("reward"), dict) else {}
+    for r in rw.get("rewards") if isinstance(rw.get("rewards"), list) else []:
+        if isinstance(r, dict) and isinstance(r.get("source"), str) and ".py:" in r["source"]:
+            file, _, fn = r["source"].rpartition(":")  # as a stage's reward file: relative to the recipe
+            r["source"] = f"{fix(file)}:{fn}"
     lm = ev.get("lm_eval") if isinstance(ev.get("lm_eval"), dict) else {}
     if isinstance(lm.get("tasks"), list):  # task YAML files, relative to the recipe
         lm["tasks"] = [fix(x) if isinstance(x, str) and x.endswith((".yaml", ".yml")) else x for x in lm["tasks"]]

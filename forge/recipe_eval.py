@@ -4,16 +4,18 @@ stage's output and the Novella), its gates, and the metric that decides the cham
 Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<source>` (held-out),
 `retention.<source>` (general sources: relative perplexity increase over the starting checkpoint),
 `domain_gain.<source>` (domain sources: relative perplexity decrease), `fact_recall.exact` /
-`fact_recall.contains`, `preference_accuracy`, `<function>.<key>` for custom evaluators and
+`fact_recall.contains`, `preference_accuracy`, `reward.mean` (weighted total) and
+`reward.<source>.mean` per reward source, `<function>.<key>` for custom evaluators and
 `lm_eval.<task>.<metric>`.
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from forge.recipe_data import NAME, Strict
+from forge.recipe_train import RewardSource
 
 
 class FactRecall(Strict):
@@ -41,6 +43,28 @@ class Preference(Strict):
     split: Literal["all", "train", "heldout"] = "all"
 
 
+class MeanReward(Strict):
+    """Mean reward of completions the model generates for held-out prompts, under reward functions
+    (forge.stages.rewards): per source and the weighted total. Defaults come from the recipe's rft
+    stage(s): their prompt data, prompt_field, rewards and max_new_tokens."""
+
+    source: str | None = Field(None, pattern=NAME, description="data source of prompt rows; default: the rft stage's first")
+    prompt_field: str | None = Field(None, description="the rows' prompt text field; default: the rft stage's, else 'prompt'")
+    rewards: list[RewardSource] | None = Field(None, description="default: the rewards of the recipe's rft stage(s)")
+    split: Literal["all", "train", "heldout"] = Field("heldout", description="which prompt rows (the stage's split)")
+    limit: int = Field(32, gt=0, description="at most this many prompts (the first ones)")
+    max_new_tokens: int | None = Field(None, gt=0, le=32_768, description="default: the rft stage's, else 32")
+    temperature: float | None = Field(None, gt=0, le=10, description="None: greedy completions; else sampled")
+    samples: int = Field(1, ge=1, le=64, description="completions per prompt (more than 1 needs a temperature)")
+    seed: int = Field(0, description="the sampling seed (the same prompts and draws for every model)")
+
+    @model_validator(mode="after")
+    def _sampled(self) -> "MeanReward":
+        if self.samples > 1 and self.temperature is None:
+            raise ValueError("samples > 1 needs a temperature (greedy completions of one prompt are all the same)")
+        return self
+
+
 class LmEval(Strict):
     """Benchmarks through lm-eval (`pip install 'forge[eval]'`), run on the in-memory model."""
 
@@ -58,6 +82,7 @@ class Gates(Strict):
         None, le=1, description="smallest required fall of each domain source's perplexity")
     fact_recall_min: float | None = Field(None, ge=0, le=1)
     preference_accuracy_min: float | None = Field(None, ge=0, le=1)
+    reward_mean_min: float | None = Field(None, description="smallest allowed mean reward (eval.reward's weighted total)")
     min: dict[str, float] = Field(default_factory=dict, description="any metric: at least this value")
     max: dict[str, float] = Field(default_factory=dict, description="any metric: at most this value")
 
@@ -70,6 +95,7 @@ class EvalBlock(Strict):
     perplexity: list[str] = Field(default_factory=list, description="further sources to report perplexity on")
     fact_recall: FactRecall | None = None
     preference: Preference | None = None
+    reward: MeanReward | None = None
     custom: list[str] = Field(default_factory=list, description="evaluators as 'file.py:function'")
     lm_eval: LmEval | None = None
     seq_len: int | None = Field(None, ge=8, description="default: the last training stage's seq_len")
@@ -77,9 +103,10 @@ class EvalBlock(Strict):
     batch_size: int = Field(8, gt=0)
     separator: Literal["eos", "bos"] | None = Field(None, description="default: the last training stage's")
     time_budget_s: float | None = Field(None, gt=0, description="evaluators past this are skipped (and listed)")
-    after_each_stage: bool = Field(False, description="also evaluate every stage's output, not only the start and the Novella")
+    after_each_stage: bool = Field(
+        False, description="also evaluate each stage's output as soon as that stage ends (into its MLflow run)")
     primary: str | None = Field(
-        None, description="the metric that decides the champion; default: ppl of the first domain source")
+        None, description="the metric that decides the champion; default: ppl of the first domain source, else reward.mean")
     gates: Gates = Gates()
     intended_use: str | None = Field(None, description="the model card's intended-use paragraph")
     limitations: list[str] = Field(default_factory=list, description="model card: limitations besides forge's own")
@@ -87,7 +114,7 @@ class EvalBlock(Strict):
     def sources(self) -> list[str]:
         """Every data source the suite reads."""
         names = [*(self.domain or []), *(self.general or []), *self.perplexity]
-        names += [x.source for x in (self.fact_recall, self.preference) if x is not None]
+        names += [x.source for x in (self.fact_recall, self.preference, self.reward) if x is not None and x.source]
         return list(dict.fromkeys(names))
 
 

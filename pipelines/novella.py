@@ -3,7 +3,8 @@
 Runs the recipe's stages in order, each stage's output checkpoint feeding the next, inside one
 parent MLflow run with a child run per stage (forge.stages.runner), and writes the final model
 with its lineage; then evaluates it against the starting checkpoint, checks the gates, writes
-its model card and registers it (forge.eval.finish).
+its model card and registers it (forge.eval.finish). With `eval.after_each_stage`, each stage's
+output is evaluated as soon as the stage ends (forge.eval.stage_eval).
 
     forge run recipes/quickstart.yaml
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.eval.finish import finish_novella
+from forge.eval.stage_eval import StageEvaluator
 from forge.inputs import input_fingerprints, prepare_inputs
 from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
@@ -70,9 +72,16 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
                           run_id=folder.run_id if folder is not None else None)
 
         checkpoint, results = inputs.base, []
+        each = recipe.eval is not None and recipe.eval.after_each_stage
+        evaluator = StageEvaluator(recipe, inputs.sources, inputs.base, out, tracker, log) \
+            if each and state.is_main_process else None
         for i, stage in enumerate(recipe.stages):
             log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
             result, record = run_stage(i, stage, checkpoint, p)
+            if evaluator is not None:  # into the stage's run now, before the next stage's run starts
+                record["evaluation"] = evaluator.after(stage.name, result.checkpoint, runs.stages.get(stage.name))
+            if each:
+                state.wait_for_everyone()
             lineage["stages"].append(record)
             for name, n in result.tokens_by_source.items():
                 lineage["data"][name]["tokens"] += n

@@ -6,7 +6,6 @@ custom evaluators loaded from `file.py:function`. forge.eval.suite runs them for
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import string
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 from forge.errors import ForgeError
 from forge.eval.perplexity import source_losses
+from forge.pyfunc import load_function
 
 
 def perplexity(model, blocks: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, float]:
@@ -136,22 +136,7 @@ def preference_accuracy(model, tokenizer, pairs: list[tuple[str, str, str]], dev
 def load_custom(spec: str, root: Path | None = None) -> Callable:
     """`file.py:function` (the file relative to `root`): the function, called as
     fn(model, tokenizer, sources, device) -> float or {name: float}."""
-    path, sep, func = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not func.isidentifier():
-        raise ForgeError(f"eval.custom: {spec!r} should be 'file.py:function'")
-    file = Path(path) if root is None or Path(path).is_absolute() else root / path
-    if not file.is_file():
-        raise ForgeError(f"eval.custom: {spec!r}: no file {file}")
-    module_spec = importlib.util.spec_from_file_location(f"forge_custom_eval_{file.stem}", file)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise ForgeError(f"eval.custom: {file} failed to import: {type(e).__name__}: {e}") from None
-    fn = getattr(module, func, None)
-    if not callable(fn):
-        raise ForgeError(f"eval.custom: {file} has no function {func!r}")
-    return fn
+    return load_function(spec, root, "eval.custom", modules=False)
 
 
 def run_custom(spec: str, fn: Callable, model, tokenizer, sources: dict, device) -> dict[str, float]:

@@ -12,9 +12,8 @@ from forge.eval.card import write_model_card
 from forge.eval.gates import GateResult, check_gates, passed
 from forge.eval.registry import Decision, base_summary, register
 from forge.eval.report import format_table, plot, to_markdown
-from forge.eval.suite import Comparison, primary_metric, resolve_suite, run_suite
-
-START, NOVELLA = "start", "novella"
+from forge.eval.stage_eval import open_cache
+from forge.eval.suite import NOVELLA, START, Comparison, primary_metric, resolve_suite, run_suite
 
 
 @dataclass
@@ -51,21 +50,24 @@ def compute_record(stages: list, results: list, plans: dict) -> dict:
     return out
 
 
-def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict, log=print) -> tuple[Evaluation, object]:
-    """The recipe's suite on start, (each stage,) Novella; the gates on the Novella."""
+def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict, log=print,
+                 cache=None) -> tuple[Evaluation, object, dict]:
+    """The recipe's suite on start, (each stage,) Novella; the gates on the Novella. With the run
+    folder's `cache`, what was measured when a stage ended is not measured again."""
     suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
     models = {START: Path(base)}
     if suite.after_each_stage:
         models.update({s.name: r.checkpoint for s, r in zip(recipe.stages[:-1], results[:-1])})
     models[NOVELLA] = Path(novella)
-    comparison = run_suite(models, suite, sources, log=log)
+    comparison = run_suite(models, suite, sources, log=log, cache=cache)
     ev = Evaluation(comparison, check_gates(suite, comparison.metrics[NOVELLA]), primary_metric(suite))
-    return ev, suite
+    return ev, suite, models
 
 
-def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str]) -> None:
+def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str], skip: set[str] = frozenset()) -> None:
     """Parent run: the Novella's figures, the table (text, Markdown, JSON) and the chart; each stage
-    run that was evaluated: its own figures."""
+    run that was evaluated (and is not in `skip`, runs that got them when their stage ended): its
+    own figures."""
     c = ev.comparison
     tracker.log_metrics({f"suite.{k}": v for k, v in c.metrics[c.models[-1]].items()})
     tracker.log_text(format_table(c), "eval/comparison.txt")
@@ -74,21 +76,28 @@ def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tracker.log_artifact(plot(c, Path(tmp) / "comparison.png"), "eval")
     for label in c.models:
-        if label in stage_runs:
+        if label in stage_runs and stage_runs[label] not in skip:
             tracker.log_stage_metrics(stage_runs[label], {f"suite.{k}": v for k, v in c.metrics[label].items()})
 
 
 def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path, sources: dict, base: Path,
                    plans: dict, stage_runs: dict[str, str], run_id: str | None, log=print) -> Evaluation:
     """Evaluate, gate, record, write the model card and register (rank 0 only)."""
-    ev, suite = evaluate_run(recipe, base, results, novella, sources, log)
+    out = Path(recipe.output)
+    cache = open_cache(resolve_suite(recipe.eval, recipe.stages, recipe.data), sources, out)
+    ev, suite, models = evaluate_run(recipe, base, results, novella, sources, log, cache)
     log(format_table(ev.comparison).rstrip())
     for g in ev.gates:
         log(f"gate {g.text}")
     lineage["evaluation"] = ev.record(suite)
     lineage["compute"] = compute_record(recipe.stages, results, plans)
     last = recipe.stages[-1].name  # the Novella is the last stage's output: its run gets those figures
-    log_comparison(tracker, ev, {**stage_runs, NOVELLA: stage_runs[last]} if last in stage_runs else stage_runs)
+    runs = {**stage_runs, NOVELLA: stage_runs[last]} if last in stage_runs else dict(stage_runs)
+    done = {r for label, r in runs.items() if label in models and cache.logged(models[label], r)}
+    log_comparison(tracker, ev, runs, done)
+    for label, r in runs.items():
+        if label in models and r not in done:
+            cache.mark_logged(models[label], r)
     if recipe.tracking.register_model:
         tags = {"forge.base": base_summary(lineage["base"]["spec"]),
                 "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run_id or "",

@@ -51,6 +51,8 @@ def check_gates(suite: EvalBlock, metrics: dict[str, float]) -> list[GateResult]
         out.append(_check("fact_recall_min", f"fact_recall.{match}", metrics, g.fact_recall_min, "min"))
     if g.preference_accuracy_min is not None:
         out.append(_check("preference_accuracy_min", "preference_accuracy", metrics, g.preference_accuracy_min, "min"))
+    if g.reward_mean_min is not None:
+        out.append(_check("reward_mean_min", "reward.mean", metrics, g.reward_mean_min, "min"))
     out += [_check(f"min.{k}", k, metrics, v, "min") for k, v in g.min.items()]
     out += [_check(f"max.{k}", k, metrics, v, "max") for k, v in g.max.items()]
     return out

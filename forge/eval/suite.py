@@ -14,9 +14,11 @@ from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
 from forge.eval import evaluators as E
 from forge.eval.perplexity import source_blocks
+from forge.eval.reward import load_rewards, mean_reward
 from forge.recipe_eval import EvalBlock
 
 SCHEMA = "forge.eval/1"
+START, NOVELLA = "start", "novella"  # the labels of the starting checkpoint and the Novella in a run's comparison
 
 
 @dataclass
@@ -47,13 +49,15 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
     """The suite with its defaults filled from the recipe: domain = the proprietary sources the
     stages train on, general = the others; seq_len and separator from the last training stage."""
     block = block or EvalBlock()
-    trained = list(dict.fromkeys(n for s in stages for n in s.sources))
+    # an rft stage's data are prompt rows (eval.reward reads them), not text to measure perplexity on
+    trained = list(dict.fromkeys(n for s in stages if getattr(s, "kind", None) != "rft" for n in s.sources))
     if not stages:  # a suite file: every source it names is the suite's
         trained = list(data)
     trained = [n for n in trained if data[n].chat is None]  # perplexity reads plain text, not chat records
     train_stages = [s for s in stages if hasattr(s, "seq_len")]
     last = train_stages[-1] if train_stages else None
     return block.model_copy(update={
+        "reward": _reward_defaults(block.reward, stages),
         "domain": block.domain if block.domain is not None else [n for n in trained if data[n].proprietary],
         "general": block.general if block.general is not None else [n for n in trained if not data[n].proprietary],
         "seq_len": block.seq_len or (last.seq_len if last else 256),
@@ -61,13 +65,32 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
     })
 
 
+def _reward_defaults(reward, stages: list):
+    """eval.reward with what it leaves out taken from the recipe's rft stage(s): the first one's
+    prompt data, prompt_field and max_new_tokens, and every rft stage's reward sources."""
+    if reward is None:
+        return None
+    rft = [s for s in stages if getattr(s, "kind", None) == "rft"]
+    first = rft[0] if rft else None
+    rewards = reward.rewards if reward.rewards is not None else list({r.source: r for s in rft for r in s.rewards}.values())
+    if (reward.source is None and first is None) or not rewards:
+        missing = "source" if reward.source is None and first is None else "rewards"
+        raise ForgeError(f"eval.reward.{missing}: not given and no rft stage to take it from")
+    return reward.model_copy(update={
+        "source": reward.source or first.data[0], "rewards": rewards,
+        "prompt_field": reward.prompt_field or (first.prompt_field if first else "prompt"),
+        "max_new_tokens": reward.max_new_tokens or (first.max_new_tokens if first else 32)})
+
+
 def primary_metric(suite: EvalBlock) -> str:
     """The metric that decides the champion: the recipe's, else the first domain (then general)
-    source's held-out perplexity."""
+    source's held-out perplexity, else the mean reward."""
     if suite.primary:
         return suite.primary
     names = [*(suite.domain or []), *(suite.general or []), *suite.perplexity]
-    return f"ppl.{names[0]}" if names else "eval_loss"
+    if names:
+        return f"ppl.{names[0]}"
+    return "reward.mean" if suite.reward is not None else "eval_loss"
 
 
 def _records(source, split: str) -> list[dict]:
@@ -105,6 +128,15 @@ def preference_pairs(suite: EvalBlock, sources: dict) -> list[tuple[str, str, st
              _field(r, pf.rejected_field, w, "eval.preference.rejected_field")) for w, r in rows]
 
 
+def prompt_rows(suite: EvalBlock, sources: dict) -> list[dict]:
+    rw = suite.reward
+    rows = _records(sources[rw.source], rw.split)[: rw.limit]
+    if not rows:
+        raise ForgeError(f"eval.reward: data.{rw.source} has no {rw.split} prompt rows "
+                         f"(holdout {sources[rw.source].holdout}); set eval.reward.split or the source's holdout")
+    return [r for w, r in rows if _field(r, rw.prompt_field, w, "eval.reward.prompt_field") is not None]
+
+
 def _tokenizer_key(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
@@ -122,8 +154,9 @@ def load(path: str | Path, device):
 
 
 def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Path | None = None,
-              log=print) -> Comparison:
-    """Every evaluator of `suite` on every model (in order; the first is the starting point)."""
+              log=print, cache=None) -> Comparison:
+    """Every evaluator of `suite` on every model (in order; the first is the starting point).
+    `cache` (forge.eval.cache.EvalCache): figures of a model measured before are reused."""
     import torch
 
     missing = [n for n in suite.sources() if n not in sources]
@@ -133,6 +166,8 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
     customs = [(spec, E.load_custom(spec, root)) for spec in suite.custom]
     qa = qa_pairs(suite, sources) if suite.fact_recall else None
     prefs = preference_pairs(suite, sources) if suite.preference else None
+    prompts = prompt_rows(suite, sources) if suite.reward else None
+    rewards = load_rewards(suite.reward.rewards, root) if suite.reward else None  # bad sources fail before any model loads
     ppl_sources = list(dict.fromkeys([*suite.domain, *suite.general, *suite.perplexity]))
     blocks_cache: dict[str, dict] = {}
     started, skipped = time.perf_counter(), []
@@ -145,7 +180,13 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
         return False
 
     for label, path in models.items():
+        known = cache.get(path) if cache is not None else None
+        if known is not None:
+            log(f"  eval {label}: {path} (measured before: reused)")
+            out[label] = known
+            continue
         log(f"  eval {label}: {path}")
+        before = len(skipped)
         model, tok = load(path, device)
         m: dict[str, float] = {}
         if ppl_sources and fits(label, "perplexity"):
@@ -159,6 +200,10 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
             m.update(E.fact_recall(model, tok, qa, fr.max_new_tokens, device, fr.prompt, suite.separator))
         if prefs is not None and fits(label, "preference"):
             m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
+        if prompts is not None and fits(label, "reward"):
+            rw = suite.reward
+            m.update(mean_reward(model, tok, prompts, rw.prompt_field, rewards, rw.max_new_tokens, device,
+                                 suite.batch_size, rw.temperature, rw.samples, rw.seed, f"eval.reward on {label}"))
         for spec, fn in customs:
             if fits(label, spec):
                 m.update(E.run_custom(spec, fn, model, tok, sources, device))
@@ -168,6 +213,8 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
             m.update(run_lm_eval(model, tok, suite.lm_eval, root, device))
         out[label] = m
         del model
+        if cache is not None and len(skipped) == before:  # a partial evaluation is not kept
+            cache.put(path, label, m)
     first = out[next(iter(models))]
     for label in models:
         out[label].update(E.relative_change(out[label], first, suite.general, suite.domain))

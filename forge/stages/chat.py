@@ -75,17 +75,17 @@ def save_final(session, path: Path, state: dict, training: dict | None, lora, ba
 # ---------------------------------------------------------------------------------- samples
 @torch.no_grad()
 def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], max_new_tokens: int, device,
-             sample: bool = False, num_return_sequences: int = 1) -> list[str]:
-    """Completions of chat prompts (greedy unless `sample`), decoded without special tokens; with
-    num_return_sequences the completions of one prompt are consecutive."""
+             sample: bool = False, num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
+    """Completions of chat prompts (greedy unless `sample`, then at `temperature`), decoded without
+    special tokens; with num_return_sequences the completions of one prompt are consecutive."""
     texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return generate_ids(model, tokenizer, ids, max_new_tokens, device, sample, num_return_sequences)
+    return generate_ids(model, tokenizer, ids, max_new_tokens, device, sample, num_return_sequences, temperature)
 
 
 @torch.no_grad()
 def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, device, sample: bool = False,
-                 num_return_sequences: int = 1) -> list[str]:
+                 num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
     """Completions of already tokenized prompts (see generate)."""
     was_training = model.training
     model.eval()
@@ -94,6 +94,7 @@ def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, de
     batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
     out = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
+                         **({"temperature": temperature} if sample else {}),
                          num_return_sequences=num_return_sequences, pad_token_id=pad,
                          eos_token_id=tokenizer.eos_token_id)
     model.train(was_training)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import importlib
-import importlib.util
 import inspect
 import json
 import math
+import re
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from forge.errors import ForgeError
+from forge.pyfunc import load_function
 
 
 class RewardError(ForgeError):
@@ -37,6 +37,7 @@ class Reward:
 
     def __init__(self, spec, root: Path | None = None, lambda_client=None):
         self.spec, self.source, self.weight = spec, spec.source, spec.weight
+        self.label = reward_label(spec.source)
         self._fn = self._resolve(spec.source, root, lambda_client)
 
     def _resolve(self, source: str, root: Path | None, lambda_client) -> Callable:
@@ -45,28 +46,7 @@ class Reward:
         if source.startswith("lambda:"):
             self._lambda = lambda_client
             return self._invoke_lambda
-        target, sep, name = source.rpartition(":")
-        if not sep or not target or not name:
-            raise ForgeError(f"reward {source!r}: expected file.py:function, module:function, http(s)://... or lambda:NAME")
-        if target.endswith(".py"):
-            path = Path(target) if Path(target).is_absolute() or root is None else root / target
-            if not path.is_file():
-                raise ForgeError(f"reward {source!r}: no file {path}")
-            mod_spec = importlib.util.spec_from_file_location(f"forge_reward_{path.stem}", path)
-            module = importlib.util.module_from_spec(mod_spec)
-            try:
-                mod_spec.loader.exec_module(module)
-            except Exception as e:
-                raise ForgeError(f"reward {source!r}: importing {path} failed: {type(e).__name__}: {e}") from None
-        else:
-            try:
-                module = importlib.import_module(target)
-            except ImportError as e:
-                raise ForgeError(f"reward {source!r}: cannot import module {target!r}: {e}") from None
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise ForgeError(f"reward {source!r}: {target} has no function {name!r}")
-        return fn
+        return load_function(source, root, "reward")
 
     # ------------------------------------------------------------------------- calling
     def __call__(self, prompts: list[str], completions: list[str], fields: dict[str, list], batch: int) -> list[float]:
@@ -139,6 +119,30 @@ class Reward:
                 raise RewardError(f"{where}: the Lambda function failed ({resp['FunctionError']}): {payload}")
             return payload["rewards"] if isinstance(payload, dict) and "rewards" in payload else payload
         return self._map_chunks(invoke, prompts, completions, fields)
+
+
+def reward_label(source: str) -> str:
+    """A short name for metric keys: the function of `file.py:fn` / `module:fn`, the Lambda
+    function's name, or the endpoint's host and path."""
+    if source.startswith(("http://", "https://")):
+        label = source.split("://", 1)[1].split("?", 1)[0].rstrip("/")
+    elif source.startswith("lambda:"):
+        name = source.removeprefix("lambda:")  # a name, name:qualifier, or arn:aws:lambda:REGION:ACCOUNT:function:NAME
+        label = name.split(":")[6] if name.startswith("arn:") and name.count(":") >= 6 else name.split(":")[0]
+    else:
+        label = source.rpartition(":")[2]
+    return re.sub(r"[^A-Za-z0-9_./-]+", "_", label) or "reward"
+
+
+def unique_labels(rewards: list["Reward"]) -> list[str]:
+    """Each source's metric label, made unique (two sources may share a function name)."""
+    out: list[str] = []
+    for r in rewards:
+        label, n = r.label, 2
+        while label in out:
+            label, n = f"{r.label}_{n}", n + 1
+        out.append(label)
+    return out
 
 
 def _boto_lambda(region: str | None):

@@ -12,7 +12,6 @@ clipped policy ratio against the rollout's log-probs, averaged over completion t
 from __future__ import annotations
 
 import itertools
-import re
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,7 @@ from forge.recipe_train import RftStage
 from forge.stages.chat import log_samples, lora_wrap, mean_over_ranks, save_final, split_rows
 from forge.stages.generation import completion_batch, make_generator
 from forge.stages.result import StageInputs, StageResult
-from forge.stages.rewards import Reward
+from forge.stages.rewards import Reward, unique_labels
 from forge.train.checkpoint import split_state
 from forge.train.meter import Meter
 from forge.train.progress import progress
@@ -68,6 +67,7 @@ def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     where = f"stage {stage.name}"
     rewards = [Reward(r) for r in stage.rewards]  # fails before any model loads on a bad source
+    labels = dict(zip((r.source for r in rewards), unique_labels(rewards)))  # metric names, as eval.reward's
     wrap = lora_wrap(stage.lora, where) if stage.lora else None
     s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
     tracker, tok = inputs.tracker, s.tokenizer
@@ -147,7 +147,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             if (step - 1) % stage.updates_per_rollout == 0 or not rollout:
                 with meter.paused():
                     rollout, table = make_rollout(step)
-                reward_row = _reward_metrics(rollout, s.accelerator)
+                reward_row = _reward_metrics(rollout, labels, s.accelerator)
                 first_reward = reward_row["reward_mean"] if first_reward is None else first_reward
                 if stage.samples.every and step % stage.samples.every == 0:
                     n = stage.samples.prompts * stage.group
@@ -198,7 +198,7 @@ def _check_row(row, field: str, where: str) -> bool:
     return True
 
 
-def _reward_metrics(rollout: list[dict], accelerator) -> dict[str, float]:
+def _reward_metrics(rollout: list[dict], labels: dict[str, str], accelerator) -> dict[str, float]:
     """Mean and std of the weighted reward and of each source's, over every rank's completions."""
     def gathered(values) -> torch.Tensor:
         t = torch.as_tensor(values, dtype=torch.float64)
@@ -208,7 +208,7 @@ def _reward_metrics(rollout: list[dict], accelerator) -> dict[str, float]:
     row = {"reward_mean": total.mean().item(), "reward_std": total.std().item() if len(total) > 1 else 0.0}
     for source in rollout[0]["scores"]:
         vals = gathered(list(itertools.chain.from_iterable(b["scores"][source] for b in rollout)))
-        key = re.sub(r"[^A-Za-z0-9_./-]+", "_", source)  # an MLflow metric name
+        key = labels[source]
         row[f"reward.{key}.mean"] = vals.mean().item()
         row[f"reward.{key}.std"] = vals.std().item() if len(vals) > 1 else 0.0
     return row

@@ -55,6 +55,8 @@ def rises(tmp_path, tiny_checkpoint, stage):
     print(f"mean reward: first 3 steps {first:.3f} -> last 3 steps {last:.3f}")
     assert last > first + 0.05 and last > 1.5 * first
     assert {"kl", "clip_fraction", "completion_length", "reward_std"} <= set(t.rows[-1])
+    if stage.rewards[0].source.endswith(":e_share"):  # per source, under the name eval.reward reports it by
+        assert t.rows[-1]["reward.e_share.mean"] == pytest.approx(t.rows[-1]["reward_mean"])
     return result
 
 

@@ -1,0 +1,52 @@
+"""Mean reward: the model completes held-out prompts (as the rft stage prompts it: one user turn
+in the chat template, forge.stages.chat.generate) and the recipe's reward functions
+(forge.stages.rewards) score the completions. Reports `reward.<source>.mean` per source and
+`reward.mean`, the weighted total the rft stage optimises.
+"""
+from __future__ import annotations
+
+import torch
+
+from forge.data.formats import ChatEncoder, FormatSpec
+from forge.errors import ForgeError
+from forge.stages.chat import generate
+from forge.stages.rewards import Reward, RewardError, unique_labels
+
+
+def load_rewards(specs: list, root=None) -> list[Reward]:
+    """The reward sources, resolved once (a bad file or module fails here, before any model loads)."""
+    return [Reward(spec, root) for spec in specs]
+
+
+def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: list[Reward], max_new_tokens: int,
+                device, batch_size: int = 8, temperature: float | None = None, samples: int = 1,
+                seed: int = 0, where: str = "eval.reward") -> dict[str, float]:
+    """Generate `samples` completions per row's prompt (greedy when temperature is None) and score
+    them with every reward source; the figures are means over all completions."""
+    if not rows:
+        raise ForgeError(f"{where}: no prompts to complete")
+    if not rewards:
+        raise ForgeError(f"{where}: no reward functions")
+    encoder = ChatEncoder(tokenizer, FormatSpec("prompt_completion"))
+    names = unique_labels(rewards)
+    totals = {name: 0.0 for name in names}
+    weighted, count = 0.0, 0
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
+        torch.manual_seed(seed)  # sampled: the same draws for every model compared
+        for batch, i in enumerate(range(0, len(rows), batch_size)):
+            chunk = rows[i:i + batch_size]
+            messages = [[{"role": "user", "content": r[prompt_field]}] for r in chunk]
+            texts = generate(model, tokenizer, encoder, messages, max_new_tokens, device, sample=temperature is not None,
+                             num_return_sequences=samples, temperature=temperature or 1.0)
+            prompts = [r[prompt_field] for r in chunk for _ in range(samples)]
+            fields = {k: [r.get(k) for r in chunk for _ in range(samples)] for k in chunk[0] if k != prompt_field}
+            for reward, name in zip(rewards, names):
+                try:
+                    scores = reward(prompts, texts, fields, batch)
+                except RewardError as e:
+                    raise RewardError(f"{where}: {e}") from None
+                totals[name] += sum(scores)
+                weighted += reward.weight * sum(scores)
+            count += len(texts)
+    return {"reward.mean": weighted / count, **{f"reward.{name}.mean": totals[name] / count for name in names}}
