@@ -50,7 +50,8 @@ def _run(args) -> int:
     # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
     # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.stop)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0)
+    tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
+                      system_metrics=recipe.tracking.system_metrics)
     try:
         result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
                               log=print if rank0 else (lambda *_: None), resume=args.resume)
@@ -64,8 +65,17 @@ def _run(args) -> int:
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
         if result.model_uri:
             print(f"model:   {result.model_uri} (version {result.version})")
-        print(f"ui:      mlflow server --backend-store-uri {recipe.tracking_uri} --host 127.0.0.1 --port 5000")
+        print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
     return 0
+
+
+def ui_command(recipe_path: str, recipe, overrides: list[str]) -> str:
+    """The `forge ui` line that opens this recipe's runs (overrides may have moved its store)."""
+    from shlex import quote
+
+    if recipe.tracking.uri:
+        return f"forge ui --tracking-uri {quote(recipe.tracking.uri)}"
+    return f"forge ui --output {quote(recipe.output)}" if overrides else f"forge ui {quote(recipe_path)}"
 
 
 def _quiet_libraries() -> None:

@@ -86,6 +86,7 @@ class Tracking(Strict):
     experiment: str | None = None
     register_model: bool = True
     alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    system_metrics: bool = Field(False, description="log CPU, memory and GPU use per stage (MLflow system metrics)")
 
     @field_validator("alias")
     @classmethod

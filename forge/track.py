@@ -16,10 +16,42 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+import re
+
 MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3)
 MAX_PARAM_KEY = 250
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
+
+
+# forge's internal metric keys -> the names MLflow shows; a "/" makes MLflow's chart page group a
+# section by prefix (train/, eval/, data/, system/), so a run opens on its curves in this order
+_METRIC_NAMES = [
+    (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens)"), r"train/\1"),
+    (re.compile(r"(tokens|repeats)\.(.+)"), r"train/\1/\2"),
+    (re.compile(r"eval_(loss|ppl)"), r"eval/\1"),
+    (re.compile(r"eval\.(.+)\.(loss|ppl)"), r"eval/\1/\2"),
+    (re.compile(r"hygiene\.(.+)"), lambda m: "data/hygiene/" + m.group(1).replace(".", "/")),
+]
+
+
+def metric_name(key: str) -> str:
+    """The MLflow name of one of forge's metric keys (`tokens.domain` -> `train/tokens/domain`);
+    keys outside the table (and names already holding a "/", like system/...) are kept."""
+    for pattern, name in _METRIC_NAMES:
+        m = pattern.fullmatch(key)
+        if m:
+            return m.expand(name) if isinstance(name, str) else name(m)
+    return key
+
+
+def _summary_value(v: Any) -> str:
+    """A single figure as a person reads it: 4 significant digits, thousands separated."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int) or float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.3e}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
@@ -39,9 +71,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 class Tracker:
     """Runs, params, metrics, datasets, artifacts and the model registry, through MLflow."""
 
-    def __init__(self, uri: str, experiment: str, enabled: bool = True, artifact_dir: str | None = None):
-        """`artifact_dir`: where a new experiment keeps artifacts (default: beside a SQLite store)."""
+    def __init__(self, uri: str, experiment: str, enabled: bool = True, artifact_dir: str | None = None,
+                 system_metrics: bool = False):
+        """`artifact_dir`: where a new experiment keeps artifacts (default: beside a SQLite store).
+        `system_metrics`: nested (stage) runs log CPU, memory and GPU use through MLflow's sampler."""
         self.enabled, self.uri, self.experiment = enabled, uri, experiment
+        self.system_metrics = system_metrics
+        self._summaries: dict[str, dict[str, dict[str, str]]] = {}  # run id -> section -> name -> value
         if not enabled:
             return
         import mlflow
@@ -69,11 +105,12 @@ class Tracker:
         mlflow = self._mlflow
         nested = mlflow.active_run() is not None
         if run_id is not None:
-            run = mlflow.start_run(run_id=run_id, nested=nested)
+            run = mlflow.start_run(run_id=run_id, nested=nested, log_system_metrics=nested and self.system_metrics)
             if tags:
                 mlflow.set_tags(tags)
         else:
-            run = mlflow.start_run(run_name=name, nested=nested, tags=tags)
+            run = mlflow.start_run(run_name=name, nested=nested, tags=tags,
+                                   log_system_metrics=nested and self.system_metrics)
         status = "FINISHED"
         try:
             yield run.info.run_id
@@ -127,10 +164,42 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if not self.enabled or not metrics:
             return
-        items = [(k, float(v)) for k, v in metrics.items()]
+        items = [(metric_name(k), float(v)) for k, v in metrics.items()]
         for i in range(0, len(items), METRICS_PER_BATCH):
             # asynchronous: a training step never waits on the store; flushed when the run ends
             self._mlflow.log_metrics(dict(items[i:i + METRICS_PER_BATCH]), step=step, synchronous=False)
+
+    def log_summary(self, section: str, values: dict[str, Any]) -> None:
+        """Single figures (final results, the plan, predicted vs measured, hygiene counts): not
+        one-point metric charts but params `section.name` and rows of the run's `summary.json`
+        table (section, name, value), readable on the run page and in the artifact view."""
+        if not self.enabled or not values:
+            return
+        run = self._mlflow.active_run()
+        shown = {k: _summary_value(v) for k, v in values.items()}
+        table = self._summaries.setdefault(run.info.run_id, {}).setdefault(section, {})
+        new = {k: v for k, v in shown.items() if table.get(k) != v}
+        table.update(shown)
+        params = self._mlflow.MlflowClient().get_run(run.info.run_id).data.params
+        # a param cannot change once logged (a resumed run): a changed figure stays in the table only
+        self.log_params({f"{section}.{k}": v for k, v in new.items() if f"{section}.{k}" not in params})
+        if new:
+            rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
+            with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
+                warnings.simplefilter("ignore")
+                self._mlflow.log_table(rows, artifact_file="summary.json")
+
+    def summary(self, section: str | None = None) -> dict:
+        """What log_summary recorded on the active run in this process: {section: {name: value}}."""
+        if not self.enabled or self._mlflow.active_run() is None:
+            return {}
+        tables = self._summaries.get(self._mlflow.active_run().info.run_id, {})
+        return dict(tables.get(section, {})) if section else {k: dict(v) for k, v in tables.items()}
+
+    def describe(self, markdown: str) -> None:
+        """The active run's description (MLflow's run note, shown at the top of the run page)."""
+        if self.enabled:
+            self._mlflow.set_tag("mlflow.note.content", markdown[:5000])
 
     # ------------------------------------------------------------------ data, artifacts
     def log_dataset(self, name: str, path: str, digest: str, context: str = "train",
@@ -170,8 +239,9 @@ class Tracker:
 
     # ---------------------------------------------------------------------- registry
     def register_model(self, model_dir: str | os.PathLike, name: str, alias: str,
-                       tags: dict[str, str]) -> int | None:
-        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
+                       tags: dict[str, str], description: str | None = None) -> int | None:
+        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias;
+        `description` (Markdown) goes on the version and, when it has none yet, on the model."""
         if not self.enabled:
             return None
         import mlflow.transformers
@@ -190,6 +260,10 @@ class Tracker:
         client.set_registered_model_alias(name, alias, str(version))
         for k, v in tags.items():
             client.set_model_version_tag(name, str(version), k, str(v)[:5000])
+        if description:
+            client.update_model_version(name, str(version), description=description[:5000])
+            if not client.get_registered_model(name).description:
+                client.update_registered_model(name, description=description[:5000])
         return version
 
 

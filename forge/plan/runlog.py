@@ -17,7 +17,7 @@ COMPARE_TARGETS = "trn3-ultraserver,trn2-ultraserver,p5.48xlarge,p5en.48xlarge,p
 def log_stage_plan(tracker, plan: StagePlan, comparison: list[StagePlan]) -> None:
     params, metrics, artifacts = plan_tracking_payload(plan)
     tracker.log_params(params)
-    tracker.log_metrics(metrics)
+    tracker.log_summary("plan", {k.removeprefix("plan."): v for k, v in metrics.items()})
     for name, data in artifacts.items():
         tracker.log_bytes(data, f"plan/{name}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -32,7 +32,7 @@ def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, 
                 "peak_mem_bytes": metrics["peak_mem_bytes"], "flops_per_step": predicted["flops_per_step"],
                 "precision": stage.precision, "steps": steps}
     figures = comparison_metrics(predicted, measured)
-    tracker.log_metrics(figures)
+    tracker.log_summary("plan", {k.removeprefix("plan."): v for k, v in figures.items()})
     record_measurement(run_dir, predicted, measured, stage=stage.name, kind=stage.kind,
                        model=model_config.get("model_type", "?"))
     return figures

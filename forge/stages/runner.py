@@ -12,6 +12,7 @@ from forge.inputs import Inputs
 from forge.plan.runlog import log_measured, log_stage_plan
 from forge.stages import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
+from forge.story import stage_note
 from forge.train.checkpoint import finished_result
 
 RUNS_FILE = "tracking.json"  # the output folder's MLflow run ids: {"parent": id, "stages": {name: id}}
@@ -89,9 +90,10 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log)
                 result = KINDS[stage.kind].runner()(stage, inputs)
-            tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+            tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
                 log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)
+            tracker.describe(stage_note(stage, checkpoint, result, p.plans.get(stage.name)))
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
               "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
