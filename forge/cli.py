@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     from forge.export import command as export_command  # `forge export`, `forge deploy`
 
     export_command.add_subcommands(sub)
+    from forge import ui  # `forge ui`
+
+    p = sub.add_parser("ui", help="open the MLflow UI on a run's store", description=ui.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ui.add_arguments(p)
+    p.set_defaults(func=ui.run)
     return parser
 
 
