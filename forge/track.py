@@ -83,6 +83,8 @@ class Tracker:
         import mlflow
 
         self._mlflow = mlflow
+        # log_summary appends to a table artifact, which MLflow downloads first: no progress bars
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if uri.startswith("sqlite:///") and artifact_dir is None:
             db = Path(uri.removeprefix("sqlite:///"))
             db.parent.mkdir(parents=True, exist_ok=True)
