@@ -20,8 +20,13 @@ def log_stage_plan(tracker, plan: StagePlan, comparison: list[StagePlan]) -> Non
     tracker.log_summary("plan", {k.removeprefix("plan."): v for k, v in metrics.items()})
     for name, data in artifacts.items():
         tracker.log_bytes(data, f"plan/{name}")
+    log_plan_chart(tracker, plan, comparison)
+
+
+def log_plan_chart(tracker, plan: StagePlan, comparison: list[StagePlan], measured_hours: dict | None = None) -> None:
+    """plan/plan_targets.png: the stage's plan across targets (and what it measured, once it has)."""
     with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png"), "plan")
+        tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png", measured_hours), "plan")
 
 
 def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, run_dir) -> dict:

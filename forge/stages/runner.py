@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from forge.inputs import Inputs
-from forge.plan.runlog import log_measured, log_stage_plan
+from forge.plan.runlog import log_measured, log_plan_chart, log_stage_plan
 from forge.stages import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
 from forge.story import stage_note
@@ -93,6 +93,10 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
             tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
                 log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)
+                if stage.name in p.plans and "train_seconds" in result.metrics:  # the chart, now with what ran
+                    plan = p.plans[stage.name]
+                    log_plan_chart(tracker, plan, p.comparison.get(stage.name, []),
+                                   {plan.target: result.metrics["train_seconds"] / 3600})
             tracker.describe(stage_note(stage, checkpoint, result, p.plans.get(stage.name)))
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
