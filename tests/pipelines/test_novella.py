@@ -190,3 +190,14 @@ def test_runs_and_registered_model_are_described(two_stage):
     assert version.run_id == parents[0].info.run_id
     assert version.description.startswith("Novella **tiny**: scratch llama")
     assert client.get_registered_model("tiny").description == version.description
+
+
+def test_system_metrics_per_stage_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # a tiny stage lasts seconds
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=4)],
+                         tracking={"register_model": False, "system_metrics": True})
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 0
+    _, parents, children = _runs(load_recipe(path))
+    assert "system/cpu_utilization_percentage" in children[0].data.metrics
+    assert not any(k.startswith("system/") for k in parents[0].data.metrics)  # the stages', not the pipeline's
