@@ -16,7 +16,7 @@ from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
 from forge.stages.runner import PipelineState, RunIds, run_stage
-from forge.story import base_ref, model_description, pipeline_note, stage_row
+from forge.story import base_ref, model_description, pipeline_note, plan_line, stage_row
 from forge.train.accel import process_state
 
 
@@ -86,7 +86,8 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
         tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
         if recipe.tracking.register_model:
             tags = {"forge.base": base_ref(lineage["base"]["spec"]), "forge.stages": ",".join(s.name for s in recipe.stages),
-                    "forge.run_id": run_id or "", **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()}}
+                    "forge.run_id": run_id or "", **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()},
+                    "forge.plan": "; ".join(f"{s.name}: {plan_line(plans.get(s.name))}" for s in recipe.stages)}
             result.version = tracker.register_model(novella, recipe.name, recipe.tracking.alias, tags,
                                                     description=model_description(lineage, run_id))
             result.model_uri = f"models:/{recipe.name}@{recipe.tracking.alias}"

@@ -188,6 +188,7 @@ def test_runs_and_registered_model_are_described(two_stage):
     version = client.get_model_version_by_alias("tiny", "champion")
     assert version.tags["forge.base"].startswith("scratch llama (layers 2") and "{" not in version.tags["forge.base"]
     assert version.run_id == parents[0].info.run_id
+    assert version.tags["forge.plan"].startswith("general: local, 1 chip(s)") and "; domain: local" in version.tags["forge.plan"]
     assert version.description.startswith("Novella **tiny**: scratch llama")
     assert client.get_registered_model("tiny").description == version.description
 
