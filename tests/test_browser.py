@@ -66,6 +66,7 @@ def test_forge_ui_in_chromium(tmp_path):
         # the experiment opens in the model-training view, on its three runs
         body = visit(url, "Run Name", "3 matching runs", shot="ui-experiment.png")
         assert "Model training" in body and "tiny" in body
+        assert "Evaluation runs" not in body and "Sessions" not in body  # the GenAI view's sidebar
         # the parent run: its description's first line and the stage table
         body = visit(f"{base}/#/experiments/{exp}/runs/{runs['tiny']}{view}", "tiny: 2 stage(s) from scratch llama",
                      shot="ui-parent-run.png")
