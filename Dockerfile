@@ -9,5 +9,8 @@ COPY forge ./forge
 COPY pipelines ./pipelines
 COPY recipes ./recipes
 RUN pip install .
+# forge runs as an unprivileged user that owns only its run folder and home (caches), not the code
+RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin forge && mkdir -p /app/runs && chown forge:forge /app/runs
+USER forge
 ENTRYPOINT ["forge"]
 CMD ["--help"]

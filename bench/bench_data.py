@@ -26,8 +26,7 @@ from bench_hygiene import bench_hygiene  # noqa: E402
 from forge.data.formats import FormatSpec, FormatStats, sft_examples  # noqa: E402
 from forge.data.mixing import build_mixture  # noqa: E402
 from forge.data.packing import pack_best_fit, pack_next_fit, packing_efficiency, pad_batches  # noqa: E402
-from forge.data.sources import   # noqa: E402
-from forge.inputs import resolve_source
+from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource  # noqa: E402
 
 SHARED = Path("/work/shared/data")

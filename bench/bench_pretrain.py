@@ -20,8 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forge.data.mixing import build_mixture  # noqa: E402
-from forge.data.sources import   # noqa: E402
-from forge.inputs import resolve_source
+from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource, GeneratedText, PretrainStage, ScratchBase  # noqa: E402
 from forge.scratch import build_scratch_base  # noqa: E402
 from forge.stages import pretrain  # noqa: E402

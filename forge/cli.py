@@ -50,16 +50,23 @@ def _run(args) -> int:
     # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
     # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.stop)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
-                      system_metrics=recipe.tracking.system_metrics)
-    try:
-        result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
-                              log=print if rank0 else (lambda *_: None), resume=args.resume)
-    except StopRequested as e:
+    with _run_folder(recipe, args, process_state()) as folder:
+        try:
+            tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error,
+                              system_metrics=recipe.tracking.system_metrics)
+        except ForgeError:
+            folder.forget()  # nothing ran: the folder stays as it was
+            raise
+        try:
+            result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
+                                  log=print if rank0 else (lambda *_: None), resume=args.resume, folder=folder)
+        except StopRequested as e:
+            if rank0:
+                again = " ".join(["forge", "run", args.recipe, *args.overrides, "--resume"])
+                print(f"forge: {e}\n  continue with: {again}", file=sys.stderr)
+            return 130
         if rank0:
-            again = " ".join(["forge", "run", args.recipe, *args.overrides, "--resume"])
-            print(f"forge: {e}\n  continue with: {again}", file=sys.stderr)
-        return 130
+            folder.finish()
     if rank0:
         print(f"novella: {result.novella}")
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
@@ -76,6 +83,20 @@ def ui_command(recipe_path: str, recipe, overrides: list[str]) -> str:
     if recipe.tracking.uri:
         return f"forge ui --tracking-uri {quote(recipe.tracking.uri)}"
     return f"forge ui --output {quote(recipe.output)}" if overrides else f"forge ui {quote(recipe_path)}"
+
+
+def _run_folder(recipe, args, state):
+    """Rank 0 locks the output folder and checks what it holds; the other ranks follow it."""
+    from forge.rundir import RunFolder, follower, recipe_fingerprint
+
+    if not state.is_main_process:
+        state.wait_for_everyone()
+        return follower(recipe.output)
+    folder = RunFolder.open(recipe.output, recipe_fingerprint(recipe), resume=args.resume, restart=args.restart,
+                            overwrite=args.overwrite, allow_changed=args.allow_changed,
+                            log=lambda msg: print(msg, file=sys.stderr))
+    state.wait_for_everyone()
+    return folder
 
 
 def _quiet_libraries() -> None:
@@ -101,8 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name == "run":
             p.add_argument("--force", action="store_true", help="run stages the plan says cannot fit")
-            p.add_argument("--resume", action="store_true",
-                           help="reuse finished stages; continue an interrupted one from its last checkpoint")
+            again = p.add_mutually_exclusive_group()
+            again.add_argument("--resume", action="store_true",
+                               help="reuse finished stages; continue an interrupted one from its last checkpoint")
+            again.add_argument("--restart", action="store_true", help="discard an interrupted run in the output folder")
+            again.add_argument("--overwrite", action="store_true", help="replace a finished run in the output folder")
+            p.add_argument("--allow-changed", action="store_true",
+                           help="with --resume: continue although the recipe, data or base changed")
     from forge.plan import command as plan_command
 
     p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",
@@ -127,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ForgeError as e:
         print(f"forge: error: {e}".replace("\n", "\n  "), file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"forge: error: {where}{e.strerror or e} (after an interrupted run, fix this and add --resume)",
+              file=sys.stderr)
         return 2
     except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
         if os.environ.get("FORGE_DEBUG"):

@@ -56,3 +56,14 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         key = scratch_key(scratch, [fingerprints[n] for n in scratch.tokenizer_sources])
         base = build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
     return Inputs(raw, fingerprints, sources, hygiene, base)
+
+
+def input_fingerprints(recipe: Recipe, inputs: Inputs) -> dict[str, str]:
+    """{'data.<name>': sha256, 'base': sha256} for a run folder's record (a scratch base is fixed
+    by the recipe and its data, so it needs none of its own)."""
+    from forge.rundir import base_fingerprint
+
+    out = {f"data.{name}": fp for name, fp in inputs.fingerprints.items()}
+    if isinstance(recipe.base, str):
+        out["base"] = base_fingerprint(inputs.base)
+    return out

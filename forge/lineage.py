@@ -39,7 +39,7 @@ def write_novella(checkpoint: Path, out: Path, lineage: dict) -> Path:
     """The Novella folder: the final checkpoint's weights, tokenizer and config, plus lineage.json."""
     with atomic_dir(out) as tmp:
         for item in Path(checkpoint).iterdir():
-            if item.name not in ("forge_state.json", "training_state.pt"):  # run state, not the model
+            if item.name not in ("forge_state.json", "training_state.pt", "manifest.json"):  # run state, not the model
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         (tmp / "lineage.json").write_text(json.dumps(lineage, indent=2))
     return out

@@ -16,12 +16,14 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from forge.base_check import check_base
 from forge.errors import ForgeError
 from forge.data.hygiene import HygieneConfig
 from forge.recipe_data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
     NAME, DataSource, GeneratedText, Strict,
 )
-from forge.recipe_errors import apply_overrides, format_errors, line_index
+from forge.recipe_errors import apply_overrides, format_errors
+from forge.recipe_yaml import read_recipe_yaml
 
 
 # -------------------------------------------------------------------------------------- stages
@@ -87,6 +89,8 @@ class Tracking(Strict):
     register_model: bool = True
     alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
     system_metrics: bool = Field(False, description="log CPU, memory and GPU use per stage (MLflow system metrics)")
+    on_error: Literal["fail", "buffer"] = Field("fail", description="the store failing mid-run: fail the run, or "
+                                                "keep training, buffer the records and retry")
 
     @field_validator("alias")
     @classmethod
@@ -204,6 +208,7 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
         else:
             context = _config_context(base / "config.json")
             problems += [f"{where}: {p}" for p in context_problems(recipe.stages, context, f"{base}/config.json")]
+            problems += [f"{at(('base',))}: base: {p}" for p in check_base(base)]  # forge/base_check.py
     elif isinstance(recipe.base, str):
         problems.append(
             f"{at(('base',))}: base: catalog references ({recipe.base!r}) are not available yet; "
@@ -262,16 +267,9 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     where = str(path)
     if not path.is_file():
         raise ForgeError(f"{where}: recipe file not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":line {mark.line + 1}" if mark else ""
-        raise ForgeError(f"{where}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    raw, lines = read_recipe_yaml(path)  # UTF-8, duplicate keys, alias bombs and nesting checked there
     if not isinstance(raw, dict):
         raise ForgeError(f"{where}: a recipe must be a YAML mapping (name, base, data, stages, output)")
-    lines = line_index(text)
     raw, origins = apply_overrides(raw, overrides or [])
     raw = _resolve_paths(raw, path.parent.resolve())
     try:

@@ -1,4 +1,4 @@
-"""Reporting recipe problems: YAML line lookup, pydantic errors as one line per problem naming
+"""Reporting recipe problems: pydantic errors as one line per problem naming
 the dotted path, the line, what was given and what was expected; dotted command-line overrides."""
 from __future__ import annotations
 
@@ -9,35 +9,10 @@ import re
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from forge.errors import ForgeError
-
-
-# ------------------------------------------------------------------------------ line lookup
-def line_index(text: str) -> dict[tuple, int]:
-    """Map each path (tuple of keys/indices) in the YAML document to its 1-based line."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                lines[path + (key.value,)] = key.start_mark.line + 1
-                walk(value, path + (key.value,))
-                lines[path + (key.value,)] = key.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
-    return lines
+from forge.recipe_yaml import load_value
 
 
 def dotted(loc: tuple) -> str:
@@ -142,9 +117,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> tuple[dict, dict[tuple, 
         key, value = item.split("=", 1)
         path = parse_path(key.strip())
         try:
-            parsed = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError as e:
-            raise ForgeError(f"override {item!r}: value is not valid YAML: {e}") from None
+            parsed = load_value(value, f"override {item!r}") if value.strip() else ""
+        except ForgeError as e:
+            raise ForgeError(f"override {item!r}: value is not a valid YAML value: {e}") from None
         node = data
         for depth, part in enumerate(path[:-1]):
             if isinstance(part, int):

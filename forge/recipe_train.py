@@ -50,6 +50,8 @@ class CheckpointSettings(Strict):
     every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
     final_optimizer: bool = Field(True, description="keep optimizer moments in the final checkpoint "
                                                     "(a later stage's optim.carry_over needs them)")
+    keep_last_n: int | None = Field(None, ge=1, description="keep only the newest N step checkpoints; "
+                                                           "None keeps all")
 
 
 class Guard(Strict):

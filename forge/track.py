@@ -4,6 +4,12 @@ A Tracker owns forge's runs (one parent per pipeline, a nested child per stage) 
 MLflow's limits: params are flattened, truncated to MLflow's value length and sent in batches;
 only rank 0 logs (other ranks get a Tracker with `enabled=False`, which does nothing). A run left
 by an exception is ended FAILED with the error message, so nothing stays RUNNING.
+
+Store faults: a SQLite store is created in a temporary file and linked into place whole (a kill
+never leaves half a schema), and an existing one is checked before use (damaged, half-built,
+another schema, locked: a forge error naming it, at once, not after MLflow's minute of retries).
+Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
+and retried while training goes on (`on_error="buffer"`), saying so.
 """
 from __future__ import annotations
 
@@ -11,12 +17,15 @@ import contextlib
 import json
 import logging
 import os
+import re
+import sqlite3
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-import re
+from forge.errors import ForgeError
 
 MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3)
 MAX_PARAM_KEY = 250
@@ -72,12 +81,16 @@ class Tracker:
     """Runs, params, metrics, datasets, artifacts and the model registry, through MLflow."""
 
     def __init__(self, uri: str, experiment: str, enabled: bool = True, artifact_dir: str | None = None,
-                 system_metrics: bool = False):
+                 on_error: str = "fail", system_metrics: bool = False):
         """`artifact_dir`: where a new experiment keeps artifacts (default: beside a SQLite store).
-        `system_metrics`: nested (stage) runs log CPU, memory and GPU use through MLflow's sampler."""
-        self.enabled, self.uri, self.experiment = enabled, uri, experiment
+        `on_error`: "fail" (a store failure mid-run stops the run) or "buffer" (keep training,
+        keep the records and retry them). `system_metrics`: nested (stage) runs log CPU, memory
+        and GPU use through MLflow's sampler."""
+        self.enabled, self.uri, self.experiment, self.on_error = enabled, uri, experiment, on_error
         self.system_metrics = system_metrics
         self._summaries: dict[str, dict[str, dict[str, str]]] = {}  # run id -> section -> name -> value
+        self._pending: list = []  # (what, call) the store refused, in order, for on_error="buffer"
+        self._buffered = 0
         if not enabled:
             return
         import mlflow
@@ -85,15 +98,52 @@ class Tracker:
         self._mlflow = mlflow
         # log_summary appends to a table artifact, which MLflow downloads first: no progress bars
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        if uri.startswith("sqlite:///") and artifact_dir is None:
+        if uri.startswith("sqlite:///"):
             db = Path(uri.removeprefix("sqlite:///"))
-            db.parent.mkdir(parents=True, exist_ok=True)
-            artifact_dir = str(db.parent / "mlartifacts")
-        mlflow.set_tracking_uri(uri)
-        if mlflow.get_experiment_by_name(experiment) is None:
-            location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
-            mlflow.create_experiment(experiment, artifact_location=location)
-        mlflow.set_experiment(experiment)
+            prepare_sqlite_store(db)
+            artifact_dir = artifact_dir or str(db.parent / "mlartifacts")
+        try:
+            with _fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
+                mlflow.set_tracking_uri(uri)
+                if mlflow.get_experiment_by_name(experiment) is None:
+                    location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
+                    mlflow.create_experiment(experiment, artifact_location=location)
+                mlflow.set_experiment(experiment)
+        except Exception as e:  # MlflowException, or the HTTP client's connection errors
+            raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
+
+    # ---------------------------------------------------------------------- store faults
+    def _call(self, what: str, fn, *args, **kwargs) -> None:
+        """Send one record to the store: retried later (buffer) or a forge error (fail) if it fails."""
+        if self._pending:
+            self._flush()
+        if self._pending:  # still failing: keep order, queue behind the others
+            self._pending.append((what, lambda: fn(*args, **kwargs)))
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            if self.on_error != "buffer":
+                raise ForgeError(f"MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]} "
+                                 f"({self.uri}); to keep training through store failures, set "
+                                 "tracking.on_error: buffer") from None
+            self._pending.append((what, lambda: fn(*args, **kwargs)))
+            self._buffered += 1
+            if self._buffered == 1:
+                print(f"forge: warning: MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]}; "
+                      "training goes on, buffering records and retrying", file=sys.stderr, flush=True)
+
+    def _flush(self) -> None:
+        while self._pending:
+            what, call = self._pending[0]
+            try:
+                call()
+            except Exception:
+                return
+            self._pending.pop(0)
+            if not self._pending:
+                print("forge: MLflow store reachable again: the buffered records were delivered", file=sys.stderr,
+                      flush=True)
 
     # ---------------------------------------------------------------------------- runs
     @contextlib.contextmanager
@@ -127,10 +177,21 @@ class Tracker:
             raise
         finally:
             # the run always ends, whatever else fails here: nothing is left RUNNING
+            self._flush()
+            if self._pending:
+                print(f"forge: warning: {len(self._pending)} record(s) could not be logged to the MLflow store "
+                      f"({', '.join(sorted({w for w, _ in self._pending}))}); they are lost", file=sys.stderr)
+                self._pending.clear()
             try:
                 mlflow.flush_async_logging()
             finally:
-                mlflow.end_run(status)
+                try:
+                    mlflow.end_run(status)
+                except Exception as e:  # the store is gone: never hide the error that got us here
+                    with contextlib.suppress(Exception):
+                        mlflow.tracking.fluent._active_run_stack.get().clear()
+                    print(f"forge: warning: could not mark the MLflow run {status} ({str(e).splitlines()[0][:200]}); "
+                          "the next run in this folder marks it FAILED", file=sys.stderr)
 
     def run_status(self, run_id: str) -> str | None:
         """'RUNNING', 'FINISHED', 'FAILED' or 'KILLED'; None if the store has no such run."""
@@ -152,7 +213,7 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.enabled:
-            self._mlflow.set_tags({k: str(v)[:5000] for k, v in tags.items()})
+            self._call("tags", self._mlflow.set_tags, {k: str(v)[:5000] for k, v in tags.items()})
 
     # ------------------------------------------------------------------- params, metrics
     def log_params(self, params: dict[str, Any]) -> None:
@@ -161,7 +222,7 @@ class Tracker:
         flat = {k[:MAX_PARAM_KEY]: v[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
         items = list(flat.items())
         for i in range(0, len(items), PARAMS_PER_BATCH):
-            self._mlflow.log_params(dict(items[i:i + PARAMS_PER_BATCH]))
+            self._call("params", self._mlflow.log_params, dict(items[i:i + PARAMS_PER_BATCH]))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if not self.enabled or not metrics:
@@ -169,7 +230,9 @@ class Tracker:
         items = [(metric_name(k), float(v)) for k, v in metrics.items()]
         for i in range(0, len(items), METRICS_PER_BATCH):
             # asynchronous: a training step never waits on the store; flushed when the run ends
-            self._mlflow.log_metrics(dict(items[i:i + METRICS_PER_BATCH]), step=step, synchronous=False)
+            # (synchronous with on_error="buffer", so that a failure is seen and the batch kept)
+            self._call("metrics", self._mlflow.log_metrics, dict(items[i:i + METRICS_PER_BATCH]), step=step,
+                       synchronous=self.on_error == "buffer")
 
     def log_summary(self, section: str, values: dict[str, Any]) -> None:
         """Single figures (final results, the plan, predicted vs measured, hygiene counts): not
@@ -182,14 +245,20 @@ class Tracker:
         table = self._summaries.setdefault(run.info.run_id, {}).setdefault(section, {})
         new = {k: v for k, v in shown.items() if table.get(k) != v}
         table.update(shown)
-        params = self._mlflow.MlflowClient().get_run(run.info.run_id).data.params
+        try:
+            params = self._mlflow.MlflowClient().get_run(run.info.run_id).data.params
+        except Exception:  # the store is failing: log_params below fails or buffers, as configured
+            params = {}
         # a param cannot change once logged (a resumed run): a changed figure stays in the table only
         self.log_params({f"{section}.{k}": v for k, v in new.items() if f"{section}.{k}" not in params})
         if new:
             rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
-            with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
-                warnings.simplefilter("ignore")
-                self._mlflow.log_table(rows, artifact_file="summary.json")
+            self._call("summary", self._log_table, rows, "summary.json")
+
+    def _log_table(self, rows: dict, artifact_file: str) -> None:
+        with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
+            warnings.simplefilter("ignore")
+            self._mlflow.log_table(rows, artifact_file=artifact_file)
 
     def summary(self, section: str | None = None) -> dict:
         """What log_summary recorded on the active run in this process: {section: {name: value}}."""
@@ -201,7 +270,7 @@ class Tracker:
     def describe(self, markdown: str) -> None:
         """The active run's description (MLflow's run note, shown at the top of the run page)."""
         if self.enabled:
-            self._mlflow.set_tag("mlflow.note.content", markdown[:5000])
+            self._call("description", self._mlflow.set_tag, "mlflow.note.content", markdown[:5000])
 
     # ------------------------------------------------------------------ data, artifacts
     def log_dataset(self, name: str, path: str, digest: str, context: str = "train",
@@ -216,19 +285,19 @@ class Tracker:
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(path)
         dataset = MetaDataset(source, name=name, digest=digest[:32])
-        self._mlflow.log_input(dataset, context=context, tags=tags)
+        self._call("datasets", self._mlflow.log_input, dataset, context=context, tags=tags)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
-            self._mlflow.log_text(text, artifact_file)
+            self._call(artifact_file, self._mlflow.log_text, text, artifact_file)
 
     def log_dict(self, data: dict, artifact_file: str) -> None:
         if self.enabled:
-            self._mlflow.log_dict(data, artifact_file)
+            self._call(artifact_file, self._mlflow.log_dict, data, artifact_file)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if self.enabled:
-            self._mlflow.log_artifact(str(path), artifact_path)
+            self._call(str(path), self._mlflow.log_artifact, str(path), artifact_path)
 
     def log_bytes(self, data: bytes, artifact_file: str) -> None:
         if not self.enabled:
@@ -249,7 +318,7 @@ class Tracker:
         import mlflow.transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         os.environ["HF_HUB_OFFLINE"] = "1"  # MLflow looks up a model card on the hub; a local model has none
         logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)  # ...and warns that it found none
@@ -267,6 +336,87 @@ class Tracker:
             if not client.get_registered_model(name).description:
                 client.update_registered_model(name, description=description[:5000])
         return version
+
+
+@contextlib.contextmanager
+def _fail_fast(uri: str) -> Iterator[None]:
+    """For an HTTP store: no retries and a short timeout while forge first reaches it."""
+    if not uri.startswith(("http://", "https://")):
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def prepare_sqlite_store(db: Path) -> None:
+    """Make sure `db` is a whole MLflow store of this MLflow's schema: create it in a temporary
+    file and link it into place when absent (or an empty file), else check it, failing at once
+    with what is wrong (never a half-built store, never a minute of retries)."""
+    import mlflow.store.db.utils as dbu
+
+    db = Path(db)
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ForgeError(f"MLflow store {db}: cannot create its folder: {e.strerror or e}") from None
+    for stale in db.parent.glob(f".{db.name}.*.tmp"):  # a creation a kill interrupted
+        pid = stale.name.split(".")[-2]
+        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            stale.unlink(missing_ok=True)
+    if not db.exists() or db.stat().st_size == 0:
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            engine = dbu.create_sqlalchemy_engine(f"sqlite:///{tmp}")
+            try:
+                dbu._initialize_tables(engine)  # the whole schema, migrations included
+            finally:
+                engine.dispose()
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            if db.exists():  # an empty file holds nothing: replace it
+                os.replace(tmp, db)
+            else:
+                with contextlib.suppress(FileExistsError):  # another process linked a whole one first
+                    os.link(tmp, db)
+        except OSError as e:
+            raise ForgeError(f"MLflow store {db}: cannot create it: {e.strerror or e}") from None
+        except Exception as e:  # sqlalchemy.exc.OperationalError and kin: unwritable folder etc.
+            raise ForgeError(f"MLflow store {db}: cannot create it: {str(e).splitlines()[0][:300]}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    head = dbu._get_latest_schema_revision()
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            rows = conn.execute("select version_num from alembic_version").fetchall()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e):
+            raise ForgeError(f"MLflow store {db}: locked by another process (waited 5 s); "
+                             "is another run using it?") from None
+        raise ForgeError(f"MLflow store {db}: not a usable MLflow database ({e}); move it aside "
+                         "(forge then makes a new one) or point tracking.uri elsewhere") from None
+    except sqlite3.DatabaseError as e:
+        raise ForgeError(f"MLflow store {db}: damaged or not an MLflow database ({e}); move it aside "
+                         "(forge then makes a new one) or point tracking.uri elsewhere") from None
+    found = rows[0][0] if len(rows) == 1 else None
+    if found != head:
+        raise ForgeError(f"MLflow store {db}: its schema is at revision {found}, this MLflow ({_mlflow_version()}) "
+                         f"expects {head}: half-built (a run killed while creating it) or made by another MLflow; "
+                         f"move it aside (forge then makes a new one), or upgrade it: mlflow db upgrade sqlite:///{db}")
+
+
+def _mlflow_version() -> str:
+    from importlib.metadata import version
+
+    return version("mlflow")
 
 
 def _requirements() -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge.inputs import prepare_inputs
+from forge.inputs import input_fingerprints, prepare_inputs
 from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
@@ -31,16 +31,18 @@ class PipelineResult:
     model_uri: str | None = None
 
 
-def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resume: bool = False) -> PipelineResult:
+def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resume: bool = False,
+        folder=None) -> PipelineResult:
     """Run the whole recipe. `plans` / `comparison`: stage name -> plan(s), made once by the caller.
-    `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint."""
+    `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint.
+    `folder`: the forge.rundir.RunFolder the caller holds (run identity, input fingerprints)."""
     state, out = process_state(), Path(recipe.output)
     out.mkdir(parents=True, exist_ok=True)
     resolved = resolved_yaml(recipe)
     if state.is_main_process:
         (out / "recipe.resolved.yaml").write_text(resolved)
-    runs = RunIds.load(out) if resume else RunIds(out / "tracking.json")
-    parent = runs.reopenable(tracker) if resume else None
+    runs = RunIds.load(out)
+    parent = runs.reopenable(tracker) if resume else runs.discard(tracker)
     tags = {"forge.pipeline": "novella", "forge.recipe": recipe.name}
     with tracker.run(recipe.name, tags=tags, run_id=parent) as run_id:
         if run_id and run_id != parent:
@@ -54,13 +56,16 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
                                 "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
             inputs = prepare_inputs(recipe, out)
+        if folder is not None and state.is_main_process:
+            folder.check_inputs(input_fingerprints(recipe, inputs))
         tracker.log_summary("data", inputs.hygiene)
         lineage = new_lineage(recipe, inputs.base)
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage["data"] = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
         lineage["hygiene"] = inputs.hygiene
         p = PipelineState(tracker, inputs, out, plans, comparison, recipe_model_config(recipe), runs, resume,
-                          state.is_main_process and state.num_processes == 1, log=log)
+                          state.is_main_process and state.num_processes == 1, log=log,
+                          run_id=folder.run_id if folder is not None else None)
 
         checkpoint, results = inputs.base, []
         for i, stage in enumerate(recipe.stages):

@@ -62,3 +62,22 @@ def base_recipe(tmp: Path, **kw) -> dict:
     }
     recipe.update(kw)
     return recipe
+
+
+class Crash(RuntimeError):
+    """A simulated crash mid-stage."""
+
+
+def crash_after(monkeypatch, calls: int):
+    """Make the data loader fail on its `calls`+1-th batch (a crash mid-stage)."""
+    from forge.data.mixing import MixedBlocks
+
+    real, seen = MixedBlocks.next_batch, {"n": 0}
+
+    def flaky(self, *args, **kwargs):
+        seen["n"] += 1
+        if seen["n"] > calls:
+            raise Crash("simulated crash")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MixedBlocks, "next_batch", flaky)

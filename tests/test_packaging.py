@@ -42,3 +42,32 @@ def test_dockerfile_installs_forge_with_forge_as_entrypoint():
     assert "torch==2.13.0" in runs and "pip install ." in runs
     copied = {shlex.split(r)[0] for w, r in instructions if w == "COPY"}
     assert {"forge", "pipelines"} <= copied
+
+
+def test_benchmarks_import():
+    """Benchmarks are not run by the suite, but they must at least import what exists."""
+    import importlib.util
+    import sys
+
+    for path in sorted((REPO / "bench").glob("bench_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(REPO))
+        try:
+            spec.loader.exec_module(module)  # the work itself is guarded by __name__ == "__main__"
+        finally:
+            sys.path.remove(str(REPO))
+
+
+def test_dockerfile_runs_as_a_non_root_user():
+    instructions = [line.strip().partition(" ")[::2] for line in (REPO / "Dockerfile").read_text().splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    words = [w.upper() for w, _ in instructions]
+    assert "USER" in words, "the image must not run forge as root"
+    last_user = max(i for i, w in enumerate(words) if w == "USER")
+    user = instructions[last_user][1].split(":")[0].strip()
+    assert user not in ("root", "0", ""), user
+    assert last_user < words.index("ENTRYPOINT")
+    # every install runs before the switch, so the runtime user cannot modify installed code
+    assert all(i < last_user for i, w in enumerate(words) if w == "RUN")
+

@@ -15,7 +15,9 @@ hashes vectorised over a record's word hashes instead of hashing each shingle st
 from __future__ import annotations
 
 import hashlib
+import os
 import string
+import tempfile
 from functools import lru_cache
 
 import numpy as np
@@ -198,21 +200,24 @@ class MinHashLSH:
 
     A record is a near duplicate when some band of its signature equals a band of a kept
     record and the signatures agree on at least `threshold` of their positions (the
-    MinHash estimate of Jaccard similarity). Memory per kept record: `4 * num_perm` bytes of
-    signature plus 12 bytes per band (about 680 bytes at the defaults: 14 bands of 9 rows).
+    MinHash estimate of Jaccard similarity). Memory per kept record: 12 bytes per band (168 at
+    the defaults: 14 bands of 9 rows). Signatures (`4 * num_perm` bytes each) are needed only to
+    verify a band hit, so with `spill` (the default) every full chunk of them moves to an unlinked
+    temporary file and a hit reads its 512 bytes back; RAM holds one chunk (2 MB) of them.
     """
 
     _CHUNK = 4096
 
-    def __init__(self, threshold: float = 0.8, num_perm: int = 128):
-        self.threshold, self.num_perm = threshold, num_perm
+    def __init__(self, threshold: float = 0.8, num_perm: int = 128, spill: bool = True):
+        self.threshold, self.num_perm, self.spill = threshold, num_perm, spill
+        self._file = None  # the spill file: chunk c at byte c * _CHUNK * num_perm * 4
         self.bands, self.rows = lsh_params(threshold, num_perm)
         rng = np.random.default_rng(_RNG_SEED + num_perm)
         self._a = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
         self._b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
         self._band_mul = rng.integers(0, 2**63, size=(self.bands, self.rows), dtype=np.uint64) | np.uint64(1)
         self._buckets = CompactIndex()  # band key -> row of the first kept record with it
-        self._chunks: list[np.ndarray] = []
+        self._chunks: list[np.ndarray | None] = []  # None: that chunk is in the spill file
         self._n = 0
 
     def __len__(self) -> int:
@@ -236,7 +241,22 @@ class MinHashLSH:
         return _mix((used * self._band_mul).sum(axis=-1, dtype=np.uint64) + np.arange(self.bands, dtype=np.uint64))
 
     def _row(self, i: int) -> np.ndarray:
-        return self._chunks[i // self._CHUNK][i % self._CHUNK]
+        chunk = self._chunks[i // self._CHUNK]
+        if chunk is not None:
+            return chunk[i % self._CHUNK]
+        size = self.num_perm * 4
+        return np.frombuffer(os.pread(self._file.fileno(), size, i * size), dtype=np.uint32)
+
+    def _spill_full(self) -> None:
+        """Move every full chunk but the newest to the spill file."""
+        if not self.spill:
+            return
+        for c, chunk in enumerate(self._chunks):
+            if chunk is not None and (c + 1) * self._CHUNK <= self._n and c < len(self._chunks) - 1:
+                if self._file is None:
+                    self._file = tempfile.TemporaryFile(prefix="forge-minhash-")
+                os.pwrite(self._file.fileno(), chunk.tobytes(), c * self._CHUNK * self.num_perm * 4)
+                self._chunks[c] = None
 
     def seen_or_add(self, sig: np.ndarray) -> bool:
         """True if `sig` is a near duplicate of a kept record; otherwise keep it and return False."""
@@ -251,6 +271,7 @@ class MinHashLSH:
     def _add(self, sig: np.ndarray, new_keys: np.ndarray) -> None:
         if self._n % self._CHUNK == 0:
             self._chunks.append(np.empty((self._CHUNK, self.num_perm), dtype=np.uint32))
+            self._spill_full()
         self._chunks[-1][self._n % self._CHUNK] = sig
         self._buckets.insert(new_keys, self._n)
         self._n += 1
@@ -258,7 +279,14 @@ class MinHashLSH:
     def state(self) -> bytes:
         if not self._n:
             return b""
-        return np.concatenate(self._chunks)[: self._n].astype("<u4").tobytes()
+        rows = [self._chunk(c) for c in range(len(self._chunks))]
+        return np.concatenate(rows)[: self._n].astype("<u4").tobytes()
+
+    def _chunk(self, c: int) -> np.ndarray:
+        if self._chunks[c] is not None:
+            return self._chunks[c]
+        size = self._CHUNK * self.num_perm * 4
+        return np.frombuffer(os.pread(self._file.fileno(), size, c * size), dtype=np.uint32).reshape(self._CHUNK, -1)
 
     def load(self, blob: bytes) -> None:
         """Rebuild from `state()`: each band key maps to the first row that has it, as when added."""
@@ -270,6 +298,7 @@ class MinHashLSH:
             self._chunks[i // self._CHUNK][: len(sigs[i:i + self._CHUNK])] = sigs[i:i + self._CHUNK]
         keys, first = np.unique(self._band_keys(sigs).ravel(), return_index=True)  # row-major: earliest row
         self._buckets = CompactIndex.from_sorted(keys, (first // self.bands).astype(np.int32))
+        self._spill_full()
 
 
 class NgramIndex:

@@ -6,9 +6,14 @@ expression plus, where the format has one, a checksum or range rule (Luhn for ca
 mod-97 for IBANs, the SSA rules for SSNs, octet ranges for IPv4, a decodable header for
 JWTs) so that look-alikes (order numbers, dates, version strings, git SHAs) stay.
 
-Not covered: names and postal addresses (they need an NER model), lower-case IBANs, phone
-numbers outside North America unless written with `+` or after a word like "phone"/"tel",
-AWS secret keys without "aws" or "secret" in the 100 characters before them.
+Text is scanned after folding full-width forms to ASCII and dropping zero-width characters
+(`pii_checks.fold`), so `ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ` and an email split by U+200B are found; spans
+refer to the original text. Service tokens and passwords are in `pii_secrets`.
+
+Not covered: names and postal addresses (they need an NER model), phone numbers outside North
+America unless written with `+` or after a word like "phone"/"tel", AWS secret keys without "aws"
+or "secret" in the 100 characters before them, lower-case IBANs written without groups of four
+and without the word "IBAN" nearby.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from forge.data.pii_checks import IBAN_LENGTHS, card_ok, iban_ok, ssn_ok
+from forge.data.pii_checks import IBAN_LENGTHS, card_ok, fold, iban_ok, ssn_ok
+from forge.data.pii_secrets import find_api_key, find_github, find_password, find_slack
 
 # Detection priority: where two findings overlap, the earlier type in this tuple wins.
 PII_TYPES: tuple[str, ...] = (
     "private_key", "jwt", "bearer_token", "aws_access_key", "aws_secret_key",
-    "email", "iban", "credit_card", "ssn", "ip_address", "phone",
+    "github_token", "slack_token", "api_key", "password", "email", "iban", "credit_card", "ssn", "ip_address", "phone",
 )
 _RANK = {t: i for i, t in enumerate(PII_TYPES)}
 
@@ -89,9 +95,9 @@ class _View:
 _D3 = re.compile(r"[0-9][0-9][0-9]")
 Spans = Iterable[tuple[int, int]]
 
-_EMAIL = re.compile(
-    r"[A-Za-z0-9_](?<![\w.%+-][A-Za-z0-9_])[A-Za-z0-9._%+-]*@"
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24})(?![\w-])"
+_EMAIL = re.compile(  # \w is Unicode: internationalised local parts and domains (RFC 6531)
+    r"\w(?<![\w.%+-]\w)[\w.%+-]*@"
+    r"(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+([^\W\d_]{2,24}|xn--[a-z0-9-]{2,59})(?![\w-])"
 )
 _NOT_TLD = {"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "pdf"}  # icon@2x.png
 
@@ -117,6 +123,11 @@ _PHONE_NANP = re.compile(  # the first character is consumed, then a look-behind
 )
 _PHONE_INTL = re.compile(r"\+(?<![\w+]\+)[0-9]{1,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w-]|\.[0-9])")
 _PHONE_BARE = re.compile(r"[(0-9](?<![\w+.-][(0-9])[0-9 ().-]{5,18}[0-9](?![\w-]|\.[0-9])")  # + context
+# Ten bare digits shaped like a North American number (area and exchange start 2-9), unless a
+# word before them says it is an order, invoice, id, ... number.
+_PHONE_TEN = re.compile(r"[2-9](?<![\w+.$#/-][2-9])[0-9]{2}[2-9][0-9]{6}(?![\w-]|[.,][0-9]|/)")
+_NOT_PHONE = re.compile(r"(?i)(?:order|invoice|ticket|ref|id|serial|account|acct|isbn|tracking|sku|po|"
+                        r"case|epoch|timestamp|no|nr|#)\W{0,4}$")
 
 
 def _find_phone(v: _View) -> Spans:
@@ -127,6 +138,10 @@ def _find_phone(v: _View) -> Spans:
     if "+" in text:
         for m in _PHONE_INTL.finditer(text):
             if 8 <= sum(c.isdigit() for c in m.group()) <= 15 and not _DATE.fullmatch(m.group()[1:]):
+                yield m.span()
+    if v.d3:
+        for m in _PHONE_TEN.finditer(text):
+            if not _NOT_PHONE.search(text, max(0, m.start() - 16), m.start()):
                 yield m.span()
     if _PHONE_WORDS.search(v.lower):
         for m in _PHONE_BARE.finditer(text):
@@ -151,22 +166,37 @@ def _find_card(v: _View) -> Spans:
 
 
 _IBAN_CAND = re.compile(r"[A-Z](?<![A-Za-z0-9][A-Z])[A-Z][0-9]{2}(?: ?[A-Z0-9]){11,30}")
+_IBAN_LOWER = re.compile(r"[a-z](?<![A-Za-z0-9][a-z])[a-z][0-9]{2}(?: ?[a-z0-9]){11,30}")
+# Lower case without the word IBAN nearby: only when grouped in fours. The match starts at the
+# second check digit (a digit class scans fast); the country code is found by look-behind.
+_IBAN_GROUPED = re.compile(r"[0-9](?= [a-z0-9]{4} )(?<=[a-z]{2}[0-9]{2})(?<![A-Za-z0-9][a-z]{2}[0-9]{2})(?: [a-z0-9]{4}){2,7}"
+                           r"(?: [a-z0-9]{1,3})?(?![A-Za-z0-9])")
 
 
 def _find_iban(v: _View) -> Spans:
     text = v.text
-    for m in _IBAN_CAND.finditer(text):
-        want = IBAN_LENGTHS.get(m.group()[:2])
+    yield from _ibans(text, (m.span() for m in _IBAN_CAND.finditer(text)))
+    if "iban" in v.lower:
+        near = [m.start() for m in re.finditer("iban", v.lower)]
+        yield from (s for s in _ibans(text, (m.span() for m in _IBAN_LOWER.finditer(text)))
+                    if any(s[0] - 40 <= i <= s[1] + 40 for i in near))
+    if v.d3:
+        yield from _ibans(text, ((m.start() - 3, m.end()) for m in _IBAN_GROUPED.finditer(text)))
+
+
+def _ibans(text: str, candidates: Iterable[tuple[int, int]]) -> Spans:
+    for start, stop in candidates:
+        want = IBAN_LENGTHS.get(text[start:start + 2].upper())
         if want is None:
             continue
         # Take exactly `want` alphanumerics (spaces allowed between), then check what follows.
-        n, end = 0, m.start()
-        while end < m.end() and n < want:
+        n, end = 0, start
+        while end < stop and n < want:
             n += text[end] != " "
             end += 1
         if n == want and (end >= len(text) or not text[end].isalnum()):
-            if iban_ok(text[m.start():end].replace(" ", "")):
-                yield m.start(), end
+            if iban_ok(text[start:end].replace(" ", "").upper()):
+                yield start, end
 
 
 _SSN = re.compile(r"[0-9](?<![\w-][0-9])([0-9]{2})([- ])([0-9]{2})\2([0-9]{4})(?![\w-])")
@@ -287,6 +317,10 @@ _DETECTORS: dict[str, Callable[[_View], Spans]] = {
     "bearer_token": _find_bearer,
     "aws_access_key": _find_aws_key,
     "aws_secret_key": _find_aws_secret,
+    "github_token": find_github,
+    "slack_token": find_slack,
+    "api_key": find_api_key,
+    "password": find_password,
     "email": _find_email,
     "iban": _find_iban,
     "credit_card": _find_card,
@@ -320,8 +354,11 @@ def scan_pii(text: str, types: Sequence[str] | None = None) -> list[Finding]:
     Where spans of different types overlap, the higher-priority type (earlier in
     `PII_TYPES`: secrets before personal data) is kept; overlapping spans of one type merge.
     """
-    view = _View(text)
+    folded, keep = fold(text)
+    view = _View(folded)
     cands = [Finding(t, s, e) for t in check_types(types) for s, e in _DETECTORS[t](view) if e > s]
+    if keep is not None:  # characters were dropped: map spans back onto the original text
+        cands = [Finding(f.type, keep[f.start], keep[f.end - 1] + 1) for f in cands]
     if not cands:
         return []
     cands.sort(key=lambda f: (_RANK[f.type], f.start - f.end, f.start))

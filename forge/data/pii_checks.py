@@ -1,4 +1,5 @@
-"""Checksums and validity rules that separate real card numbers, IBANs and SSNs from look-alikes."""
+"""Checksums and validity rules that separate real card numbers, IBANs and SSNs from look-alikes,
+and the folding of disguised text (full-width forms, zero-width characters) before a scan."""
 from __future__ import annotations
 
 import re
@@ -56,3 +57,21 @@ def iban_ok(iban: str) -> bool:
 def ssn_ok(area: str, group: str, serial: str) -> bool:
     """SSA rules: no 000, 666 or 9xx area; no 00 group; no 0000 serial."""
     return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
+
+
+# Zero-width and soft-hyphen characters vanish in display, so they can split an email or a number.
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
+_FOLD = {**{ord(c): None for c in _INVISIBLE}, **{c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}, 0x3000: 0x20}
+_NEEDS_FOLD = re.compile(f"[{_INVISIBLE}\uff01-\uff5e\u3000]")
+
+
+def fold(text: str) -> tuple[str, list[int] | None]:
+    """(text with full-width ASCII forms made ASCII and invisible characters dropped, the original
+    index of each kept character or None when no character was dropped)."""
+    if text.isascii() or not _NEEDS_FOLD.search(text):
+        return text, None
+    folded = text.translate(_FOLD)
+    if len(folded) == len(text):
+        return folded, None
+    return folded, [i for i, c in enumerate(text) if c not in _INVISIBLE]
+

@@ -11,6 +11,7 @@ import glob
 import gzip
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -84,7 +85,7 @@ class Source:
                 yield self.saved_dataset, i, row
         else:
             for path in self.files:
-                for line, item in _read_file(path, self._format_of(path), self.split):
+                for line, item in _read_file(path, self._format_of(path), self.split, self.text_fields, self.name):
                     yield path, line, item
 
     def _skip(self, path, line: int, error: ForgeError) -> None:
@@ -109,7 +110,7 @@ class Source:
             if key not in row:
                 raise ForgeError(
                     f"{path}:line {line}: record has no field {key!r} (data.{self.name}.text_field); "
-                    f"fields present: {sorted(row)[:12]}"
+                    f"fields present: {sorted(map(str, row))[:12]}"
                 )
             value = row[key]
             if not isinstance(value, str):
@@ -150,7 +151,8 @@ def is_saved_dataset(path: str) -> bool:
     return root.is_dir() and ((root / "dataset_info.json").is_file() or (root / "dataset_dict.json").is_file())
 
 
-def _read_file(path: Path, fmt: str, split: str) -> Iterator[tuple[int, str | dict]]:
+def _read_file(path: Path, fmt: str, split: str, fields: tuple[str, ...] = (), name: str = ""
+               ) -> Iterator[tuple[int, str | dict | ForgeError]]:
     try:
         if fmt == "text":
             yield from _read_text(path, split)
@@ -159,9 +161,7 @@ def _read_file(path: Path, fmt: str, split: str) -> Iterator[tuple[int, str | di
         elif fmt == "json":
             yield from _read_json(path)
         elif fmt == "csv":
-            with open(path, encoding="utf-8", newline="") as f:
-                for i, row in enumerate(csv.DictReader(f), start=2):
-                    yield i, row
+            yield from _read_csv(path, fields, name)
         elif fmt == "parquet":
             import pyarrow.parquet as pq
 
@@ -177,8 +177,57 @@ def _read_file(path: Path, fmt: str, split: str) -> Iterator[tuple[int, str | di
                 yield n, row
         else:
             raise ForgeError(f"{path}: unknown format {fmt!r}")
-    except UnicodeDecodeError as e:
-        raise ForgeError(f"{path}: not UTF-8 text (byte {e.start}): {e.reason}") from None
+    except UnicodeDecodeError:
+        raise _utf8_error(path) from None
+    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz, an unreadable file
+        raise ForgeError(f"{path}: cannot read {fmt} data: {e}") from None
+    except Exception as e:  # pyarrow / datasets on a corrupt file: named, not a traceback
+        if type(e).__module__.split(".")[0] not in ("pyarrow", "datasets"):
+            raise
+        raise ForgeError(f"{path}: not a readable {fmt} file: {e}") from None
+
+
+def _utf8_error(path: Path) -> ForgeError:
+    """Find the first bad byte by line (text readers decode in 8 KB chunks, so their offset is
+    not the file's); only runs once reading has already failed."""
+    offset = 0
+    with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as f:
+        for i, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return ForgeError(f"{path}:line {i}: not UTF-8 text (byte {offset + e.start} of the file, "
+                                  f"column {e.start + 1}): {e.reason}")
+            offset += len(raw)
+    return ForgeError(f"{path}: not UTF-8 text")
+
+
+def _read_csv(path: Path, fields: tuple[str, ...], name: str) -> Iterator[tuple[int, dict | ForgeError]]:
+    """Rows as dicts by header; a row whose column count differs from the header's comes as a
+    ForgeError naming its first line (quoted fields may span lines, so lines are counted by csv)."""
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long document is one big field
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return
+            missing = [k for k in fields if k not in header]
+            if missing:
+                raise ForgeError(f"{path}:line 1: the CSV header has no column {missing[0]!r} "
+                                 f"(data.{name}.text_field); columns: {header[:12]}")
+            last = reader.line_num
+            for values in reader:
+                start, last = last + 1, reader.line_num
+                if not values:
+                    continue
+                if len(values) != len(header):
+                    yield start, ForgeError(f"{path}:line {start}: {len(values)} columns, the header has "
+                                            f"{len(header)} ({', '.join(header[:6])})")
+                else:
+                    yield start, dict(zip(header, values))
+        except csv.Error as e:
+            raise ForgeError(f"{path}:line {reader.line_num}: malformed CSV: {e}") from None
 
 
 def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
@@ -216,10 +265,13 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
             try:
                 row = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                yield i, ForgeError(f"{path}:line {i}: not UTF-8 text (byte {e.start}): {e.reason}")
+                yield i, ForgeError(f"{path}:line {i}: not UTF-8 text (column {e.start + 1}): {e.reason}")
                 continue
             except json.JSONDecodeError as e:
                 yield i, ForgeError(f"{path}:line {i}: malformed JSON ({e.msg} at column {e.colno})")
+                continue
+            except (ValueError, RecursionError) as e:  # digits past int's limit, nesting past the stack
+                yield i, ForgeError(f"{path}:line {i}: JSON this reader refuses ({type(e).__name__}: {str(e)[:80]})")
                 continue
             if not isinstance(row, dict):
                 row = ForgeError(f"{path}:line {i}: expected a JSON object, got {type(row).__name__}")
@@ -231,6 +283,8 @@ def _read_json(path: Path) -> Iterator[tuple[int, dict]]:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ForgeError(f"{path}:line {e.lineno}: malformed JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # digits past int's limit, nesting past the stack
+        raise ForgeError(f"{path}: JSON this reader refuses ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(rows, list):
         raise ForgeError(f"{path}: expected a JSON array of objects")
     for i, row in enumerate(rows, start=1):

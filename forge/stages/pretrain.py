@@ -28,7 +28,7 @@ from forge.train.stop import GracefulStop, StopRequested, agreed
 def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
     ctx = stage.context if isinstance(stage, MidtrainStage) else None
     configure = (lambda cfg: extend_context(cfg, ctx, stage.context_length(), f"stage {stage.name}")) if ctx else None
-    s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, configure)
+    s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, configure, inputs.run_id)
     tracker = inputs.tracker
     mix = build_mixture(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
                         max_repeats=stage.max_repeats, on_exhausted=stage.on_exhausted)

@@ -15,6 +15,7 @@ class StageInputs:
     resume: bool = False                  # continue from the newest checkpoint in out_dir
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stages' checkpoints, by name
     log: Callable = print
+    run_id: str | None = None             # the run identity (forge.rundir); resume continues only its checkpoints
 
 
 @dataclass

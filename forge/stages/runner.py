@@ -50,6 +50,14 @@ class RunIds:
         self.reopened = status is not None
         return self.parent if self.reopened else None
 
+    def discard(self, tracker) -> None:
+        """A fresh run in this folder: the runs an earlier, killed process left RUNNING are marked
+        FAILED, and the ids of the earlier runs are forgotten."""
+        for run_id in [self.parent, *self.stages.values()]:
+            if run_id and tracker.run_status(run_id) == "RUNNING":
+                tracker.end_stale(run_id, "the process was killed (no clean stop); marked when a new run started")
+        self.parent, self.stages = None, {}
+
 
 @dataclass
 class PipelineState:
@@ -66,6 +74,7 @@ class PipelineState:
     single_process_main: bool = True  # rank 0 of a one-process run: measure against the local plan
     outputs: dict[str, Path] = field(default_factory=dict)  # finished stages' checkpoints
     log: Callable = print
+    run_id: str | None = None   # the run identity (forge.rundir): resume continues only its checkpoints
 
 
 def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[StageResult, dict]:
@@ -88,7 +97,8 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
                 tracker.set_tags({"reused": str(stage_dir / "final")})
                 result = StageResult.from_dict(done)
             else:
-                inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log)
+                inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log,
+                                     p.run_id)
                 result = KINDS[stage.kind].runner()(stage, inputs)
             tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from forge.recipe_train import SoupStage
 from forge.stages.result import StageInputs, StageResult
+from forge.train.accel import process_state
 from forge.train.checkpoint import STATE
 from forge.train.merge import save_averaged
 
@@ -15,8 +16,10 @@ def run(stage: SoupStage, inputs: StageInputs) -> StageResult:
     folders = [inputs.outputs.get(name) or Path(name) for name in stage.ingredients]
     weights = stage.weights or [1.0] * len(folders)
     final = inputs.out_dir / "final"
-    save_averaged(folders, weights, final)
     result = StageResult(final, {"ingredients": float(len(folders))}, lineage={
         "ingredients": [str(f) for f in folders], "weights": [w / sum(weights) for w in weights]})
-    (final / STATE).write_text(json.dumps({"result": result.as_dict()}, indent=2))
+    state = process_state()
+    if state.is_main_process:  # one writer; the other ranks of a launch wait for it
+        save_averaged(folders, weights, final, extra={STATE: json.dumps({"result": result.as_dict()}, indent=2)})
+    state.wait_for_everyone()
     return result

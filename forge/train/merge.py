@@ -66,18 +66,21 @@ def average_weights(folders: list[Path], weights: list[float] | None = None) -> 
     return {k: v.to(dtypes[k]) for k, v in acc.items()}
 
 
-def save_averaged(folders: list[Path], weights: list[float] | None, out: Path) -> Path:
-    """Average `folders` into a Hugging Face folder at `out` (config and tokenizer of the first)."""
+def save_averaged(folders: list[Path], weights: list[float] | None, out: Path, extra: dict[str, str] | None = None) -> Path:
+    """Average `folders` into a Hugging Face folder at `out` (config and tokenizer of the first),
+    written atomically with the `extra` text files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from forge.files import atomic_dir
 
     state = average_weights(folders, weights)
-    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32, use_safetensors=True)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise ForgeError(f"cannot average: tensors {unexpected[:5]} do not belong to {folders[0]}'s model")
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(folders[0]).save_pretrained(tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
     return Path(out)

@@ -23,8 +23,17 @@ SECRETS = {
     "bearer_token": "tok_9f8e7d6c5b4a39281706",
     "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJ1c2VyIjoiYWNtZS1hZG1pbiJ9.Qm9ndXMtc2lnbmF0dXJlLXZhbHVlLTEyMzQ",
     "ip_address": "172.16.254.3",
+    "github_token": "ghp_R2d2C3poBb8Yoda9Luke7Leia5Han3Solo1Xw",
+    "slack_token": "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+    "api_key": "sk-proj-Ab3De5Gh7Jk9Lm1No3Pq5Rs7Tu9Vw1",
+    "password": "Tr0ub4dor&3",
 }
-CONTEXT = {"aws_secret_key": "aws secret: {}", "bearer_token": "Authorization: Bearer {}"}
+CONTEXT = {"aws_secret_key": "aws secret: {}", "bearer_token": "Authorization: Bearer {}", "password": "password={}"}
+
+
+def _n(kind: str) -> int:
+    """The record number of `kind`'s record in RECORDS."""
+    return 10 * (PII_TYPES.index(kind) + 1)
 
 
 def record(kind: str) -> str:
@@ -37,9 +46,10 @@ RECORDS = [(10 * (i + 1), record(k)) for i, k in enumerate(PII_TYPES)] + [(999, 
 def test_redact_mode_output_and_counts():
     h = Hygiene(HygieneConfig(dedup="off"))
     out = dict(h.process("crm", RECORDS))
-    assert out[10] == "Ticket for private_key: value <PRIVATE_KEY> thanks."
-    assert out[30] == "Ticket for bearer_token: Authorization: Bearer <BEARER_TOKEN> thanks."
-    assert out[70] == "Ticket for iban: value <IBAN> thanks."
+    assert out[_n("private_key")] == "Ticket for private_key: value <PRIVATE_KEY> thanks."
+    assert out[_n("bearer_token")] == "Ticket for bearer_token: Authorization: Bearer <BEARER_TOKEN> thanks."
+    assert out[_n("iban")] == "Ticket for iban: value <IBAN> thanks."
+    assert out[_n("password")] == "Ticket for password: password=<PASSWORD> thanks."
     for i, kind in enumerate(PII_TYPES):
         assert f"<{kind.upper()}>" in out[10 * (i + 1)] and SECRETS[kind] not in out[10 * (i + 1)]
     assert out[999] == "A clean record about oncology."
@@ -54,7 +64,7 @@ def test_redact_mode_output_and_counts():
 def test_drop_mode_and_type_subset():
     h = Hygiene(HygieneConfig(pii="drop", pii_types=("email", "ssn"), dedup="off"))
     kept = [n for n, _ in h.process("crm", RECORDS)]
-    assert 60 not in kept and 90 not in kept and len(kept) == len(RECORDS) - 2  # email=6th, ssn=9th
+    assert _n("email") not in kept and _n("ssn") not in kept and len(kept) == len(RECORDS) - 2
     assert h.stats.pii_dropped == 2 and h.stats.pii_redacted == 0
     assert set(h.stats.pii) == {"email", "ssn"}
 

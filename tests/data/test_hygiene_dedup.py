@@ -154,3 +154,20 @@ def test_state_dict_resume_matches_an_uninterrupted_run():
 
     with pytest.raises(ForgeError, match="same hygiene settings"):
         Hygiene(HygieneConfig(pii="off", near_threshold=0.7)).load_state_dict(state)
+
+
+def test_minhash_signatures_spill_to_disk_with_identical_decisions():
+    """Kept signatures beyond the current chunk live in an unlinked temp file, so RAM holds one
+    chunk of them however many records pass; decisions and saved state equal the in-RAM index."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**32, size=(3 * MinHashLSH._CHUNK + 100, 128), dtype=np.uint32)
+    sigs = np.concatenate([base, base[::7].copy()])  # every 7th repeated: near-duplicate hits
+    sigs[len(base):, :10] += 1                        # ... agreeing on 118/128 positions
+    spilled, in_ram = MinHashLSH(0.8, 128), MinHashLSH(0.8, 128, spill=False)
+    assert [spilled.seen_or_add(s) for s in sigs] == [in_ram.seen_or_add(s) for s in sigs]
+    assert sum(c is not None for c in spilled._chunks) == 1 and all(c is not None for c in in_ram._chunks)
+    assert spilled.state() == in_ram.state()
+    again = MinHashLSH(0.8, 128)
+    again.load(spilled.state())
+    assert sum(c is not None for c in again._chunks) == 1
+    assert [again.seen_or_add(s) for s in sigs[-50:]] == [True] * 50

@@ -47,6 +47,28 @@ POSITIVES = [
     ("jwt", f"Authorization: Bearer {JWT}", "Authorization: Bearer <JWT>"),
     ("ip_address", "from 192.168.1.20, then 8.8.8.8.", "from <IP_ADDRESS>, then <IP_ADDRESS>."),
     ("ip_address", "host 2001:db8::8a2e:370:7334 and ::ffff:10.0.0.1", "host <IP_ADDRESS> and <IP_ADDRESS>"),
+    # issue 8, item 10: tokens, passwords, and disguised personal data
+    ("github_token", f"export GH=ghp_{'aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5'} done", "export GH=<GITHUB_TOKEN> done"),
+    ("github_token", "pat github_pat_11ABCDEFG0123456789abc_" + "x1Y2" * 15 + "end.",
+     "pat <GITHUB_TOKEN>."),
+    ("slack_token", "SLACK_BOT=xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+     "SLACK_BOT=<SLACK_TOKEN>"),
+    ("slack_token", "token xoxp-2718281828-3141592653-aZ9bY8cX7", "token <SLACK_TOKEN>"),
+    ("api_key", "OPENAI_API_KEY=sk-proj-Ab3De5Gh7Jk9Lm1No3Pq5Rs7Tu9Vw1", "OPENAI_API_KEY=<API_KEY>"),
+    ("api_key", "use sk-4fJk2LmN8pQrS1tUvWx3YzAb5CdEf6Gh, not mine", "use <API_KEY>, not mine"),
+    ("password", "db: host=10x password=Tr0ub4dor&3 port=5432", "db: host=10x password=<PASSWORD> port=5432"),
+    ("password", "login with pwd: hunter2!", "login with pwd: <PASSWORD>"),
+    ("password", '{"user": "ann", "password": "correct horse battery"}', '{"user": "ann", "password": "<PASSWORD>"}'),
+    ("password", "MYSQL_ROOT_PASSWORD=s3cr3t", "MYSQL_ROOT_PASSWORD=<PASSWORD>"),
+    ("phone", "reach me at 4155550123 after six", "reach me at <PHONE> after six"),
+    ("phone", "Call (５５５) １２３-４５６７ now", "Call <PHONE> now"),
+    ("email", "Write to josé.garcía@correo.example.es now", "Write to <EMAIL> now"),
+    ("email", "联系 用户@例子.广告 谢谢", "联系 <EMAIL> 谢谢"),
+    ("email", "mail maria\u200b.lopez@exa\u200cmple.org today", "mail <EMAIL> today"),
+    ("email", "ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ", "<EMAIL>"),
+    ("credit_card", "card ４１１１ １１１１ １１１１ １１１１ ok", "card <CREDIT_CARD> ok"),
+    ("iban", "iban: de89 3704 0044 0532 0130 00 thanks", "iban: <IBAN> thanks"),
+    ("iban", "pay to gb82west12345698765432 (IBAN)", "pay to <IBAN> (IBAN)"),
 ]
 
 # (type whose detector must stay silent, text): every type is scanned, none may fire.
@@ -74,6 +96,16 @@ NEGATIVES = [
     ("ip_address", "999.1.1.1 and 256.10.10.10"),
     ("ip_address", "version 1.2.3.4, v1.2.3.4, pkg==1.2.3.4, 1.2.3.4.5 and 01.2.3.4"),
     ("ip_address", "at 12:30:45, std::vector, MAC 00:1A:2B:3C:4D:5E"),
+    ("github_token", "ghp_short and the ghp_ prefix, gho_123"),
+    ("slack_token", "xoxo, hugs; the xoxb-your-token-here placeholder"),
+    ("api_key", "sk-learn, task-force-2024, risk-free, sk-abcdefghijklmnopqrstuvwxyz"),
+    ("password", "reset your password: click the link; password: required; the password is strong"),
+    ("password", "password=<REDACTED>, password: ********, PASSWORD=${DB_PASSWORD}, pwd: /home/ann"),
+    ("password", "password_hash and passwords and pwd"),
+    ("phone", "order 4155550123 and invoice #4155550124, epoch 1700000000, id: 9876543210"),
+    ("phone", "sum 4155550123.50 and 41555501239 and v4155550123"),
+    ("email", "see user@localhost and 用户@例子 without a dot"),
+    ("iban", "hash de89370400440532013001 and the sha de89370400440532013000abc"),
 ]
 
 

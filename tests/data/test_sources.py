@@ -81,7 +81,7 @@ def test_bad_records_name_file_and_line(tmp_path, content, expected):
 def test_not_utf8_is_named(tmp_path):
     p = tmp_path / "latin.txt"
     p.write_bytes("caf\xe9\n".encode("latin-1"))
-    with pytest.raises(ForgeError, match="latin.txt: not UTF-8"):
+    with pytest.raises(ForgeError, match="latin.txt:line 1: not UTF-8"):
         list(resolve_source("l", DataSource(path=str(p)), tmp_path).records())
 
 

@@ -1,0 +1,135 @@
+"""Run folder integrity: an interrupted run is resumed or discarded on purpose, a finished one is
+only replaced with --overwrite, one run at a time holds the folder, and --resume refuses a
+changed recipe (or data, or base) unless told otherwise."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from forge import cli
+from forge.errors import ForgeError
+from forge.rundir import RunFolder, recipe_fingerprint
+from forge_testing import base_recipe, crash_after, pretrain_stage, write_recipe
+
+FP = {"name": "tiny", "stages[0].optim.lr": 0.003, "stages[0].max_steps": 4}
+
+
+def _open(out, fp=FP, **flags):
+    return RunFolder.open(out, fp, **flags)
+
+
+def test_fresh_then_interrupted_then_finished(tmp_path):
+    out = tmp_path / "out"
+    with _open(out) as folder:
+        first = folder.run_id
+        (out / "stages" / "cpt" / "checkpoints" / "step-0000002").mkdir(parents=True)
+    with pytest.raises(ForgeError, match=r"interrupted run.*--resume.*--restart"):
+        _open(out)
+    with _open(out, resume=True) as folder:
+        assert folder.run_id == first  # the same run continues: its checkpoints stay its own
+        folder.finish()
+    with pytest.raises(ForgeError, match=r"finished run.*--overwrite"):
+        _open(out)
+    with _open(out, overwrite=True) as folder:
+        assert folder.run_id != first
+        assert not (out / "stages").exists()  # the old run's checkpoints are gone
+
+
+def test_restart_discards_an_interrupted_run(tmp_path):
+    out = tmp_path / "out"
+    with _open(out):
+        (out / "stages" / "cpt").mkdir(parents=True)
+    with _open(out, restart=True):
+        assert not (out / "stages").exists()
+
+
+def test_resume_refuses_a_changed_recipe_naming_the_fields(tmp_path):
+    out = tmp_path / "out"
+    with _open(out):
+        pass
+    changed = {**FP, "stages[0].optim.lr": 0.001, "stages[0].text_field": "body"}
+    with pytest.raises(ForgeError, match=r"(?s)changed.*stages\[0\]\.optim\.lr: 0\.003 -> 0\.001.*"
+                                         r"stages\[0\]\.text_field.*--allow-changed"):
+        _open(out, changed, resume=True)
+    with _open(out, changed, resume=True, allow_changed=True) as folder:
+        folder.check_inputs({"data.general": "aaa", "base": "b1"})
+    with _open(out, changed, resume=True) as folder:  # the accepted change is the new reference
+        with pytest.raises(ForgeError, match=r"data\.general"):
+            folder.check_inputs({"data.general": "bbb", "base": "b1"})
+
+
+def _hold(out, ready, done):
+    with RunFolder.open(out, FP):
+        ready.set()
+        done.wait(30)
+
+
+def test_second_run_on_a_folder_says_who_holds_it(tmp_path):
+    out = tmp_path / "out"
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold, args=(out, ready, done))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(ForgeError, match=rf"in use by another forge run \(pid {proc.pid} on "):
+            _open(out, resume=True)
+    finally:
+        done.set()
+        proc.join(30)
+    with _open(out, resume=True):  # released when the holder ends
+        pass
+
+
+def test_output_that_is_a_file_or_unwritable_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ForgeError, match=r"output: .*file.* is a file, not a folder"):
+        _open(tmp_path / "file")
+    with pytest.raises(ForgeError, match=r"output: cannot write .*forgetest"):
+        _open("/proc/forgetest/out")
+
+
+def test_recipe_fingerprint_names_dotted_fields(tmp_path):
+    from forge.recipe import Recipe
+
+    recipe = Recipe(**base_recipe(tmp_path))
+    fp = recipe_fingerprint(recipe)
+    assert fp["stages[0].optim.lr"] == 0.003 and "output" not in fp
+
+
+def test_cli_refuses_to_start_over_an_interrupted_run_and_a_changed_resume(tmp_path, monkeypatch, capsys):
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=3)], tracking={"register_model": False})
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    with monkeypatch.context() as m:
+        crash_after(m, 1)
+        assert cli.main(["run", str(path)]) == 1
+    capsys.readouterr()
+    assert cli.main(["run", str(path)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert cli.main(["run", str(path), "stages[0].optim.lr=1e-3", "--resume"]) == 2
+    assert "stages[0].optim.lr: 0.003 -> 0.001" in capsys.readouterr().err
+    assert cli.main(["run", str(path), "--resume"]) == 0
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "finished"
+    capsys.readouterr()
+    assert cli.main(["run", str(path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_cli_resume_refuses_changed_data(tmp_path, monkeypatch, capsys):
+    extra = tmp_path / "notes.txt"
+    extra.write_text("\n".join(f"note {i}: the valve opens at dawn." for i in range(50)))
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=3)], tracking={"register_model": False})
+    recipe["data"]["notes"] = {"path": str(extra)}
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    with monkeypatch.context() as m:
+        crash_after(m, 1)
+        assert cli.main(["run", str(path)]) == 1
+    extra.write_text(extra.read_text() + "\nnote 50: changed after the run started.")
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "inputs changed" in err and "data.notes" in err and "data.general" not in err
+    assert cli.main(["run", str(path), "--resume", "--allow-changed"]) == 0

@@ -1,0 +1,66 @@
+"""Runtime faults end in one clear message, with the run folder left resumable: a full disk (or
+a folder made read-only) during a checkpoint, a damaged MLflow store, an output that is a file."""
+from __future__ import annotations
+
+import errno
+import json
+
+import mlflow
+import torch
+
+from forge import cli
+from forge.train.checkpoint import latest_checkpoint
+from forge_testing import base_recipe, pretrain_stage, write_recipe
+
+
+def _recipe(tmp_path, **stage):
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(**stage)], tracking={"register_model": False})
+    return write_recipe(tmp_path / "r.yaml", recipe)
+
+
+def test_disk_full_during_a_checkpoint(tmp_path, monkeypatch, capsys):
+    path = _recipe(tmp_path, max_steps=6, checkpoint={"every": 2})
+    real, calls = torch.save, {"n": 0}
+
+    def full(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-4 checkpoint
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full)
+        assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write checkpoint" in err and "No space left on device" in err and "Traceback" not in err
+    stage = tmp_path / "out" / "stages" / "cpt"
+    assert latest_checkpoint(stage / "checkpoints") == stage / "checkpoints" / "step-0000002"  # intact
+    assert not (stage / "checkpoints" / "step-0000004.partial").exists()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
+    assert {r.info.status for r in runs} == {"FAILED"}
+    assert cli.main(["run", str(path), "--resume"]) == 0
+    lineage = json.loads((tmp_path / "out" / "novella" / "lineage.json").read_text())
+    assert lineage["stages"][0]["steps"] == 6
+
+
+def test_damaged_store_refused_before_any_work_and_folder_left_startable(tmp_path, capsys):
+    path = _recipe(tmp_path, max_steps=2)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mlflow.db").write_bytes(b"garbage" * 500)
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "mlflow.db" in err and "move it aside" in err
+    assert not (tmp_path / "out" / "stages").exists()
+    (tmp_path / "out" / "mlflow.db").unlink()
+    assert cli.main(["run", str(path)]) == 0  # nothing started: no --resume needed
+
+
+def test_file_system_refusal_is_one_line(monkeypatch, capsys):
+    def readonly(args):
+        raise OSError(errno.EROFS, "Read-only file system", "/runs/x/novella.partial")
+
+    monkeypatch.setattr(cli, "_validate", readonly)
+    assert cli.main(["validate", "r.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forge: error: /runs/x/novella.partial: Read-only file system") and "Traceback" not in err
