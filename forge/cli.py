@@ -1,4 +1,4 @@
-"""The `forge` command: validate, plan and run recipes; export and deploy Novellas (eval arrives later)."""
+"""The `forge` command: validate, plan, run and evaluate recipes; export and deploy Novellas."""
 from __future__ import annotations
 
 import argparse
@@ -72,7 +72,10 @@ def _run(args) -> int:
         print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
         if result.model_uri:
             print(f"model:   {result.model_uri} (version {result.version})")
+        failed = _report_evaluation(result.evaluation)
         print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
+        if failed and args.strict:
+            return 1
     return 0
 
 
@@ -97,6 +100,18 @@ def _run_folder(recipe, args, state):
                             log=lambda msg: print(msg, file=sys.stderr))
     state.wait_for_everyone()
     return folder
+
+
+def _report_evaluation(ev) -> list:
+    """Say where the Novella's alias went and which gates failed, by how much; the failed gates."""
+    if ev is None:
+        return []
+    if ev.decision is not None:
+        print(f"alias:   {'promoted' if ev.decision.promote else 'not promoted'}: {ev.decision.reason}")
+    failed = [g for g in ev.gates if not g.passed]
+    for g in failed:
+        print(f"forge: gate failed: {g.text}", file=sys.stderr)
+    return failed
 
 
 def _quiet_libraries() -> None:
@@ -129,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
             again.add_argument("--overwrite", action="store_true", help="replace a finished run in the output folder")
             p.add_argument("--allow-changed", action="store_true",
                            help="with --resume: continue although the recipe, data or base changed")
+            p.add_argument("--strict", action="store_true", help="exit 1 when an evaluation gate fails")
     from forge.plan import command as plan_command
 
     p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",
@@ -138,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     from forge.export import command as export_command  # `forge export`, `forge deploy`
 
     export_command.add_subcommands(sub)
+    from forge.eval import command as eval_command
+
+    p = sub.add_parser("eval", help="evaluate a run's models (or any models) side by side, with gates",
+                       description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(p)
+    p.set_defaults(func=eval_command.run)
     from forge import ui  # `forge ui`
 
     p = sub.add_parser("ui", help="open the MLflow UI on a run's store", description=ui.__doc__,

@@ -14,7 +14,15 @@ from forge.scratch import build_scratch_base, scratch_key
 
 
 def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
-    """A recipe data source as a readable Source (writing generated text first if asked)."""
+    """A recipe data source as a readable Source (writing generated text first if asked); a source
+    of chat records carries its FormatSpec (SFT and preference stages read it)."""
+    from dataclasses import replace
+
+    src = _resolve_files(name, cfg, generated_dir)
+    return src if cfg.chat is None else replace(src, chat=cfg.chat)
+
+
+def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
     common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
     if cfg.hub is not None:

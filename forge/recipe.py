@@ -28,10 +28,11 @@ from forge.recipe_yaml import read_recipe_yaml
 
 # -------------------------------------------------------------------------------------- stages
 from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schema)
-    ContextExtension, MidtrainStage, NovaMixture, Optim, PretrainStage, Schedule, SoupStage, TrainSettings,
-    stage_union,
+    ContextExtension, DpoStage, RftStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
+    SoupStage, TrainSettings, stage_union,
 )
 from forge.stages import KINDS  # noqa: E402
+from forge.recipe_eval import EvalBlock  # noqa: E402
 
 STAGE_KINDS = tuple(KINDS)
 Stage = stage_union({name: k.settings for name, k in KINDS.items()})
@@ -87,7 +88,10 @@ class Tracking(Strict):
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite inside the output folder")
     experiment: str | None = None
     register_model: bool = True
-    alias: str = Field("candidate", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    alias: str = Field("champion", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$",
+                       description="deployment alias: moves to a version only if its gates pass and it beats the "
+                                   "holder on eval.primary (every version gets 'candidate'; alias: candidate "
+                                   "gives every run the alias, as before gates)")
     system_metrics: bool = Field(False, description="log CPU, memory and GPU use per stage (MLflow system metrics)")
     on_error: Literal["fail", "buffer"] = Field("fail", description="the store failing mid-run: fail the run, or "
                                                 "keep training, buffer the records and retry")
@@ -117,6 +121,7 @@ class Recipe(Strict):
     hygiene: HygieneConfig = HygieneConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
+    eval: EvalBlock | None = Field(None, description="evaluation suite, gates and primary metric (forge.eval)")
     output: str
 
     @model_validator(mode="after")
@@ -137,6 +142,15 @@ class Recipe(Strict):
                 if src not in self.data:
                     problems.append(f"base.scratch.tokenizer_sources: unknown data source {src!r}")
             problems += context_problems(self.stages, self.base.scratch.max_position, "base.scratch.max_position")
+            problems += lora_problems(self.stages, LLAMA_MODULES, "a scratch llama")
+        for i, stage in enumerate(self.stages[:-1]):
+            if isinstance(stage, PostTrainSettings) and stage.lora is not None and not stage.lora.merge:
+                problems.append(f"stages[{i}].lora.merge: false saves only an adapter, which the next stage "
+                                f"({self.stages[i + 1].name!r}) cannot start from; merge it or make it the last stage")
+        if self.eval is not None:
+            for src in self.eval.sources():
+                if src not in self.data:
+                    problems.append(f"eval: unknown data source {src!r}; known: {sorted(self.data)}")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -159,6 +173,8 @@ def _data_problems(recipe: "Recipe") -> list[str]:
             problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
     evals = set(recipe.hygiene.decontaminate_against)
     for i, stage in enumerate(recipe.stages):
+        if isinstance(stage, PostTrainSettings):
+            problems += _chat_problems(recipe, i, stage)
         if not isinstance(stage, PretrainStage):
             continue
         nova = isinstance(stage.mixture, NovaMixture)
@@ -173,6 +189,48 @@ def _data_problems(recipe: "Recipe") -> list[str]:
             elif cfg.chat is not None:
                 problems.append(f"stages[{i}].mixture.{src}: data.{src} holds chat records (chat: ...), "
                                 f"which a {stage.kind} stage does not read; give it plain text")
+    return problems
+
+
+LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                           "embed_tokens", "lm_head"})
+PREFERENCE_KINDS = ("preference", "hh")
+
+
+def lora_problems(stages: list, modules: frozenset, what: str) -> list[str]:
+    """LoRA target modules that the base architecture lacks (checked where the architecture is known)."""
+    problems = []
+    for i, stage in enumerate(stages):
+        if isinstance(stage, PostTrainSettings) and stage.lora is not None:
+            for j, m in enumerate(stage.lora.target_modules):
+                if m not in modules:
+                    problems.append(f"stages[{i}].lora.target_modules[{j}]: {m!r} is not a module of {what}; "
+                                    f"it has {sorted(modules)}")
+    return problems
+
+
+def _chat_problems(recipe: "Recipe", i: int, stage) -> list[str]:
+    """A post-training stage reads chat records of the right kind (preference pairs for DPO)."""
+    problems, evals = [], set(recipe.hygiene.decontaminate_against)
+    for j, src in enumerate(stage.data):
+        at, cfg = f"stages[{i}].data[{j}]", recipe.data.get(src)
+        if cfg is None:
+            problems.append(f"{at}: unknown data source {src!r}; known: {sorted(recipe.data)}")
+        elif src in evals:
+            problems.append(f"{at}: {src!r} is an evaluation set (hygiene.decontaminate_against); "
+                            "a stage must not train on it")
+        elif stage.kind == "rft":
+            continue  # RFT reads prompt rows directly (prompt_field and the reward functions' fields)
+        elif cfg.chat is None:
+            problems.append(f"{at}: data.{src} holds plain text, which a {stage.kind} stage cannot read; give "
+                            f"data.{src} a chat: mapping (kind: messages | instruction | prompt_completion | "
+                            "preference | hh)")
+        elif stage.kind == "dpo" and cfg.chat.kind not in PREFERENCE_KINDS:
+            problems.append(f"{at}: data.{src} has chat.kind {cfg.chat.kind!r}, which holds no preference pairs; "
+                            f"a dpo stage needs chat.kind {' or '.join(PREFERENCE_KINDS)}")
+        elif cfg.cleaned:
+            problems.append(f"{at}: data.{src} has hygiene on, which rewrites records as plain text; chat records "
+                            f"are not cleaned yet: set data.{src}.hygiene: false")
     return problems
 
 
@@ -253,8 +311,18 @@ def _resolve_paths(raw: dict, root: Path) -> dict:
         out["compute"]["calibration"] = fix(out["compute"]["calibration"])
     for stage in out.get("stages") or [] if isinstance(out.get("stages"), list) else []:
         ings = stage.get("ingredients") if isinstance(stage, dict) else None
+        for rw in (stage.get("rewards") or []) if isinstance(stage, dict) and isinstance(stage.get("rewards"), list) else []:
+            if isinstance(rw, dict) and isinstance(rw.get("source"), str) and ".py:" in rw["source"]:
+                file, _, fn = rw["source"].rpartition(":")  # a reward file is relative to the recipe too
+                rw["source"] = f"{fix(file)}:{fn}"
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
             stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
+    ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
+    if isinstance(ev.get("custom"), list):  # 'file.py:function': the file relative to the recipe
+        ev["custom"] = [fix(x) if isinstance(x, str) and ":" in x else x for x in ev["custom"]]
+    lm = ev.get("lm_eval") if isinstance(ev.get("lm_eval"), dict) else {}
+    if isinstance(lm.get("tasks"), list):  # task YAML files, relative to the recipe
+        lm["tasks"] = [fix(x) if isinstance(x, str) and x.endswith((".yaml", ".yml")) else x for x in lm["tasks"]]
     for src in (out.get("data") or {}).values() if isinstance(out.get("data"), dict) else []:
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src["path"] = fix(src["path"])

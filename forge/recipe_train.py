@@ -43,7 +43,7 @@ class Schedule(Strict):
 
 class EvalSettings(Strict):
     every: int = Field(0, ge=0, description="steps between evaluations; 0 = only at the end")
-    max_blocks: int = Field(32, gt=0)
+    max_blocks: int = Field(32, gt=0, description="held-out blocks per data source")
 
 
 class CheckpointSettings(Strict):
@@ -65,6 +65,14 @@ class Guard(Strict):
     max_skips: int = Field(10, ge=1, description="with action: skip, more skipped steps than this stop the stage")
 
 
+class MergeBack(Strict):
+    """Merge-back (Nova's model-importance weight): the stage's output becomes
+    `weight * trained + (1 - weight) * input` before it flows on."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    weight: float = Field(gt=0, lt=1, description="share of the trained weights; the rest is the stage's input")
+
+
 class TrainSettings(Strict):
     """What every training stage shares: budget, shapes, optimizer, schedule, precision, seed,
     evaluation, checkpoints, guard and logging. Stage kinds add their own fields to these."""
@@ -83,6 +91,7 @@ class TrainSettings(Strict):
     checkpoint: CheckpointSettings = CheckpointSettings()
     guard: Guard = Guard()
     log_every: int = Field(1, gt=0)
+    merge: MergeBack | None = Field(None, description="interpolate the output back toward the input weights")
 
     @model_validator(mode="after")
     def _budget(self) -> "TrainSettings":
@@ -225,12 +234,130 @@ class SoupStage(Strict):
         return {}
 
 
+# ----------------------------------------------------------------------------- post-training
+class Lora(Strict):
+    """Low-rank adapters through `peft` (Hu et al. 2021): only the adapters train. `merge`: fold them
+    into the weights on save (a plain Hugging Face model), else save the adapter in PEFT's format
+    with its base checkpoint as reference (then the stage must be the recipe's last)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    r: int = Field(8, gt=0, le=4096)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(["q_proj", "v_proj"], min_length=1)
+    merge: bool = True
+
+
+class Samples(Strict):
+    """A table of sample generations (prompt, completion[, rewards]) logged every `every` steps."""
+
+    every: int = Field(0, ge=0, description="steps between sample tables; 0 = none")
+    prompts: int = Field(4, gt=0, le=256)
+    max_new_tokens: int = Field(32, gt=0, le=4096)
+
+
+class PostTrainSettings(TrainSettings):
+    """What SFT, DPO and RFT share: the data sources (chat records), LoRA, sample tables."""
+
+    data: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1, description="data sources (chat records)")
+    lora: Lora | None = None
+    samples: Samples = Samples()
+    seq_len: int = Field(512, ge=8, le=1_048_576)
+
+    @model_validator(mode="after")
+    def _lora(self) -> "PostTrainSettings":
+        if self.lora is not None and self.merge is not None and not self.lora.merge:
+            raise ValueError("merge: merge-back needs full weights; set lora.merge: true or drop merge")
+        if self.lora is not None and self.checkpoint.every:
+            raise ValueError("checkpoint.every: LoRA stages write no resumable checkpoints yet; set it to 0")
+        return self
+
+    @property
+    def sources(self) -> dict[str, float]:
+        return {name: 1.0 for name in self.data}
+
+
+class SftStage(PostTrainSettings):
+    """Supervised fine-tuning on chat records: loss on assistant tokens (or all), examples packed
+    best-fit into seq_len blocks with per-example position ids, or padded per batch."""
+
+    kind: Literal["sft"]
+    train_on: Literal["assistant", "all"] | None = Field(
+        None, description="tokens that carry loss; default: the data source's chat.loss_on")
+    packing: Literal["best_fit", "pad"] = "best_fit"
+    schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
+
+
+class DpoStage(PostTrainSettings):
+    """Direct preference optimisation on (prompt, chosen, rejected) pairs; the reference is the
+    stage's input checkpoint. `batch_size` counts pairs."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    kind: Literal["dpo"]
+    beta: float = Field(0.1, gt=0, le=100)
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO: assumed share of flipped labels (sigmoid)")
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    reference: Literal["cached", "live"] = Field(
+        "cached", description="cached: reference log-probs computed once and kept on disk; live: every step")
+    batch_size: int = Field(4, gt=0, le=1_048_576)
+    optim: Optim = Optim(lr=5e-6)
+    schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
+
+    @model_validator(mode="after")
+    def _ipo(self) -> "DpoStage":
+        if self.loss == "ipo" and self.label_smoothing:
+            raise ValueError("label_smoothing applies to the sigmoid loss only; set it to 0 for ipo")
+        return self
+
+
+class RewardSource(Strict):
+    """A reward function: `file.py:function`, `module:function`, `http(s)://...` or `lambda:NAME`."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    source: str = Field(min_length=3)
+    weight: float = 1.0
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    retries: int = Field(2, ge=0, le=20, description="http: attempts after the first")
+    concurrency: int = Field(4, gt=0, le=256, description="http / lambda: requests in flight")
+    batch_size: int = Field(64, gt=0, description="http / lambda: completions per request")
+    region: str | None = Field(None, description="lambda: AWS region (default: boto3's)")
+
+    @model_validator(mode="after")
+    def _form(self) -> "RewardSource":
+        s = self.source
+        if not (s.startswith(("http://", "https://", "lambda:")) or (":" in s and all(s.rpartition(":")[::2]))):
+            raise ValueError(f"source {s!r}: expected file.py:function, module:function, http(s)://... or lambda:NAME")
+        return self
+
+
+class RftStage(PostTrainSettings):
+    """Reinforcement fine-tuning (GRPO, Shao et al. 2024): per prompt `group` sampled completions,
+    rewards from the recipe's functions, group-normalised advantages, a clipped policy-ratio
+    objective and an optional KL penalty toward the input checkpoint. `batch_size` counts prompts;
+    the data rows give the prompt (`prompt_field`) and the reward functions' extra fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    kind: Literal["rft"]
+    rewards: list[RewardSource] = Field(min_length=1)
+    prompt_field: str = "prompt"
+    group: int = Field(4, ge=2, le=1024)
+    max_new_tokens: int = Field(32, gt=0, le=32_768)
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_beta: float = Field(0.0, ge=0, description="KL penalty toward the input checkpoint; 0 = none")
+    updates_per_rollout: int = Field(1, ge=1, le=64, description="optimizer steps on each batch of rollouts")
+    batch_size: int = Field(4, gt=0, le=65_536)
+    optim: Optim = Optim(lr=1e-5)
+    schedule: Schedule = Schedule(kind="constant")
+
+
 def stage_union(kinds: dict[str, type]) -> Any:
     """The recipe's `stages[i]` type: a union of the kinds' settings, chosen by `kind`."""
 
     def kind_of(value: Any) -> str | None:
         kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-        return f"<{kind}>" if kind in kinds else None
+        return f"<{kind}>" if isinstance(kind, str) and kind in kinds else None
 
     # Tags in <brackets> cannot clash with user names in error paths (recipe_errors strips them).
     members = tuple(Annotated[cls, Tag(f"<{kind}>")] for kind, cls in kinds.items())

@@ -22,16 +22,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds < 5400 else f"{seconds / 3600:.3g} h"
 
 
-def base_ref(spec: Any) -> str:
-    """A base as one readable string: its path or catalog reference, or what a scratch model is
-    (never a dict's repr)."""
+def base_summary(spec: Any) -> str:
+    """The base as one clean string: its path or catalog reference, or the scratch model in a few
+    words (never a dict's repr)."""
     if isinstance(spec, str):
         return spec
-    if isinstance(spec, dict) and isinstance(spec.get("scratch"), dict):
-        s = spec["scratch"]
-        shape = ", ".join(f"{k} {s[k]}" for k in ("layers", "hidden_size", "heads", "vocab_size") if k in s)
-        return f"scratch {s.get('arch', 'model')} ({shape})"
-    return str(spec)
+    s = spec.get("scratch", spec) if isinstance(spec, dict) else spec
+    if not isinstance(s, dict):
+        return str(s)
+    shape = {"hidden_size": "hidden {}", "layers": "{} layers", "heads": "{} heads", "vocab_size": "vocab {}",
+             "max_position": "context {}"}
+    shape = [text.format(s[k]) for k, text in shape.items() if k in s]
+    return f"scratch {s.get('arch', 'llama')}: {', '.join(shape)}"
 
 
 def plan_line(plan) -> str:
@@ -45,8 +47,9 @@ def plan_line(plan) -> str:
             f"${_fmt(plan.cost_usd)}, {_fmt(plan.chip_hours)} chip-hours")
 
 
-def stage_note(stage, checkpoint, result, plan) -> str:
-    """The stage run's description: what ran, on what data, from which checkpoint, results, plan."""
+def stage_note(stage, checkpoint, result, plan, merge: dict | None = None) -> str:
+    """The stage run's description: what ran, on what data, from which checkpoint, results, plan
+    (and the merge-back, when the stage's output was interpolated toward its input)."""
     m = result.metrics
     data = ", ".join(f"{name} ({weight:g})" if isinstance(weight, (int, float)) else name
                      for name, weight in stage.sources.items()) or "none"
@@ -54,11 +57,15 @@ def stage_note(stage, checkpoint, result, plan) -> str:
              "", f"- data: {data}", f"- from: `{checkpoint}`", f"- to: `{result.checkpoint}`"]
     results = [f"{label} {_fmt(m[key])}" for key, label in
                (("loss", "train loss"), ("eval_loss_start", "eval loss at start"), ("eval_loss", "eval loss"),
-                ("tokens_per_s_mean", "tokens/s")) if key in m]
+                ("eval_rewards/accuracy", "preference accuracy"), ("reward_mean_start", "reward at start"),
+                ("reward_mean", "reward"), ("tokens_per_s_mean", "tokens/s")) if key in m and m[key] is not None]
     if "train_seconds" in m:
         results.append(f"training time {_duration(m['train_seconds'])}")
     if results:
         lines.append("- results: " + ", ".join(results))
+    if merge:
+        lines.append(f"- merged back: {merge['weight']:g} of the trained weights (`{merge['trained_checkpoint']}`), "
+                     "the rest from the input")
     lines.append(f"- plan: {plan_line(plan)}")
     return "\n".join(lines)
 
@@ -76,14 +83,18 @@ def stage_row(record: dict, plan) -> dict:
 def pipeline_note(lineage: dict, rows: list[dict], model_uri: str | None = None) -> str:
     """The parent run's description: base, data, the stages in a small table, the result."""
     data = ", ".join(f"{n} ({_fmt(d.get('tokens', 0))} tokens)" for n, d in lineage.get("data", {}).items())
-    lines = [f"**{lineage['name']}**: {len(rows)} stage(s) from `{base_ref(lineage['base']['spec'])}`", "",
+    lines = [f"**{lineage['name']}**: {len(rows)} stage(s) from `{base_summary(lineage['base']['spec'])}`", "",
              f"- data: {data or 'none'}"]
     final = lineage.get("metrics", {})
     start = (lineage.get("stages") or [{}])[0].get("metrics", {}).get("eval_loss_start")
     if "eval_loss" in final:
         lines.append(f"- final eval loss {_fmt(final['eval_loss'])}" + (f" (start {_fmt(start)})" if start else ""))
+    ev = lineage.get("evaluation") or {}
+    if ev.get("gates"):
+        lines.append(f"- gates: {'pass' if ev.get('passed') else 'FAIL'} ("
+                     + "; ".join(g["text"] for g in ev["gates"]) + ")")
     if model_uri:
-        lines.append(f"- registered: `{model_uri}`")
+        lines.append(f"- registered: `{model_uri}`" + (f"; {ev['alias']}" if ev.get("alias") else ""))
     lines += ["", "| stage | kind | steps | tokens | planned | measured | train loss | eval loss |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -96,12 +107,11 @@ def pipeline_note(lineage: dict, rows: list[dict], model_uri: str | None = None)
     return "\n".join(lines)
 
 
-def model_description(lineage: dict, run_id: str | None, card: str | None = None) -> str:
-    """The registered version's description: the model card when there is one, else the lineage in brief."""
-    if card:
-        return card
+def model_description(lineage: dict, run_id: str | None, card: str | None = None, limit: int = 5000) -> str:
+    """The registered version's description: the lineage in brief, then the model card when there is
+    one (without its title), cut at a line to fit MLflow's `limit` characters."""
     stages = " -> ".join(f"{s['name']} ({s['kind']})" for s in lineage.get("stages", []))
-    lines = [f"Novella **{lineage['name']}**: {base_ref(lineage['base']['spec'])} customized by {stages}.", ""]
+    lines = [f"Novella **{lineage['name']}**: {base_summary(lineage['base']['spec'])} customized by {stages}.", ""]
     data = lineage.get("data", {})
     if data:
         lines.append("Data: " + ", ".join(f"{n} (sha256 {d.get('sha256', '')[:12]}, {_fmt(d.get('tokens', 0))} tokens"
@@ -113,4 +123,11 @@ def model_description(lineage: dict, run_id: str | None, card: str | None = None
         lines.append("Final: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()) + ".")
     if run_id:
         lines.append(f"Source run: {run_id} (lineage.json among its artifacts).")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if card:
+        body = card.split("\n", 1)[1].lstrip("\n") if card.startswith("# ") else card
+        text += "\n\n" + body.rstrip()
+    if len(text) > limit:
+        more = "\n\n... (the whole card: MODEL_CARD.md among the source run's artifacts)"
+        text = text[: limit - len(more)].rsplit("\n", 1)[0] + more
+    return text

@@ -34,11 +34,16 @@ METRICS_PER_BATCH = 1000
 
 
 # forge's internal metric keys -> the names MLflow shows; a "/" makes MLflow's chart page group a
-# section by prefix (train/, eval/, data/, system/), so a run opens on its curves in this order
+# section by prefix (train/, eval/, data/, system/), so a run opens on its curves in this order;
+# the training curves of every stage kind: pretrain/midtrain, sft (target_tokens, epoch), dpo
+# (rewards/chosen, rewards/margin, ...), rft (reward_mean, reward.<function>.mean, kl, ...)
 _METRIC_NAMES = [
-    (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens)"), r"train/\1"),
+    (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens|target_tokens|epoch|completion_length|clip_fraction|kl"
+                r"|reward_mean|reward_std)"), r"train/\1"),
     (re.compile(r"(tokens|repeats)\.(.+)"), r"train/\1/\2"),
-    (re.compile(r"eval_(loss|ppl)"), r"eval/\1"),
+    (re.compile(r"rewards/(.+)"), r"train/rewards/\1"),
+    (re.compile(r"reward\.(.+)\.(mean|std)"), r"train/reward/\1/\2"),
+    (re.compile(r"eval_(.+)"), r"eval/\1"),
     (re.compile(r"eval\.(.+)\.(loss|ppl)"), r"eval/\1/\2"),
     (re.compile(r"hygiene\.(.+)"), lambda m: "data/hygiene/" + m.group(1).replace(".", "/")),
 ]
@@ -234,38 +239,40 @@ class Tracker:
             self._call("metrics", self._mlflow.log_metrics, dict(items[i:i + METRICS_PER_BATCH]), step=step,
                        synchronous=self.on_error == "buffer")
 
-    def log_summary(self, section: str, values: dict[str, Any]) -> None:
-        """Single figures (final results, the plan, predicted vs measured, hygiene counts): not
-        one-point metric charts but params `section.name` and rows of the run's `summary.json`
-        table (section, name, value), readable on the run page and in the artifact view."""
+    def log_summary(self, section: str, values: dict[str, Any], run_id: str | None = None) -> None:
+        """Single figures (final results, the plan, predicted vs measured, hygiene counts, the
+        evaluation): not one-point metric charts but params `section.name` and rows of the run's
+        `summary.json` table (section, name, value), readable on the run page and in the artifact
+        view. `run_id`: another run than the active one (a finished stage's, evaluated later)."""
         if not self.enabled or not values:
             return
-        run = self._mlflow.active_run()
+        run_id = run_id or self._mlflow.active_run().info.run_id
         shown = {k: _summary_value(v) for k, v in values.items()}
-        table = self._summaries.setdefault(run.info.run_id, {}).setdefault(section, {})
+        table = self._summaries.setdefault(run_id, {}).setdefault(section, {})
         new = {k: v for k, v in shown.items() if table.get(k) != v}
         table.update(shown)
         try:
-            params = self._mlflow.MlflowClient().get_run(run.info.run_id).data.params
-        except Exception:  # the store is failing: log_params below fails or buffers, as configured
+            params = self._mlflow.MlflowClient().get_run(run_id).data.params
+        except Exception:  # the store is failing: the calls below fail or buffer, as configured
             params = {}
         # a param cannot change once logged (a resumed run): a changed figure stays in the table only
-        self.log_params({f"{section}.{k}": v for k, v in new.items() if f"{section}.{k}" not in params})
+        fresh = [(f"{section}.{k}"[:MAX_PARAM_KEY], v[:MAX_PARAM_VALUE]) for k, v in new.items()
+                 if f"{section}.{k}" not in params]
+        for i in range(0, len(fresh), PARAMS_PER_BATCH):
+            self._call("params", self._log_params_to, run_id, fresh[i:i + PARAMS_PER_BATCH])
         if new:
             rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
-            self._call("summary", self._log_table, rows, "summary.json")
+            self._call("summary", self._log_table, rows, "summary.json", run_id)
 
-    def _log_table(self, rows: dict, artifact_file: str) -> None:
+    def _log_params_to(self, run_id: str, params: list[tuple[str, str]]) -> None:
+        from mlflow.entities import Param
+
+        self._mlflow.MlflowClient().log_batch(run_id, params=[Param(k, v) for k, v in params])
+
+    def _log_table(self, rows: dict, artifact_file: str, run_id: str | None = None) -> None:
         with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
             warnings.simplefilter("ignore")
-            self._mlflow.log_table(rows, artifact_file=artifact_file)
-
-    def summary(self, section: str | None = None) -> dict:
-        """What log_summary recorded on the active run in this process: {section: {name: value}}."""
-        if not self.enabled or self._mlflow.active_run() is None:
-            return {}
-        tables = self._summaries.get(self._mlflow.active_run().info.run_id, {})
-        return dict(tables.get(section, {})) if section else {k: dict(v) for k, v in tables.items()}
+            self._mlflow.log_table(rows, artifact_file=artifact_file, run_id=run_id)
 
     def describe(self, markdown: str) -> None:
         """The active run's description (MLflow's run note, shown at the top of the run page)."""
@@ -310,9 +317,8 @@ class Tracker:
 
     # ---------------------------------------------------------------------- registry
     def register_model(self, model_dir: str | os.PathLike, name: str, alias: str,
-                       tags: dict[str, str], description: str | None = None) -> int | None:
-        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias;
-        `description` (Markdown) goes on the version and, when it has none yet, on the model."""
+                       tags: dict[str, str]) -> int | None:
+        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
         if not self.enabled:
             return None
         import mlflow.transformers
@@ -331,11 +337,44 @@ class Tracker:
         client.set_registered_model_alias(name, alias, str(version))
         for k, v in tags.items():
             client.set_model_version_tag(name, str(version), k, str(v)[:5000])
-        if description:
-            client.update_model_version(name, str(version), description=description[:5000])
-            if not client.get_registered_model(name).description:
-                client.update_registered_model(name, description=description[:5000])
         return version
+
+    def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
+        """The version's description (Markdown, on its registry page); the registered model gets
+        `model_markdown` (default: the same) when it has no description yet."""
+        if not self.enabled:
+            return
+        client = self._mlflow.MlflowClient()
+        client.update_model_version(name, str(version), description=markdown[:5000])
+        if not client.get_registered_model(name).description:
+            client.update_registered_model(name, description=(model_markdown or markdown)[:5000])
+
+    # ---------------------------------------------------- registry aliases (forge.eval.registry)
+    def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
+        """The registered version holding `alias` and its tags; None if none does (or no such model)."""
+        if not self.enabled:
+            return None
+        try:
+            mv = self._mlflow.MlflowClient().get_model_version_by_alias(name, alias)
+        except self._mlflow.exceptions.MlflowException:
+            return None
+        return int(mv.version), dict(mv.tags)
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        if self.enabled:
+            self._mlflow.MlflowClient().set_registered_model_alias(name, alias, str(version))
+
+    def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        client = self._mlflow.MlflowClient()
+        for k, v in tags.items():
+            client.set_model_version_tag(name, str(version), k, str(v)[:5000])
+
+    def log_table(self, table: dict[str, list], artifact_file: str) -> None:
+        """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
+        if self.enabled:
+            self._mlflow.log_table(data=table, artifact_file=artifact_file)
 
 
 @contextlib.contextmanager

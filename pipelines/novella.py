@@ -2,7 +2,8 @@
 
 Runs the recipe's stages in order, each stage's output checkpoint feeding the next, inside one
 parent MLflow run with a child run per stage (forge.stages.runner), and writes the final model
-with its lineage.
+with its lineage; then evaluates it against the starting checkpoint, checks the gates, writes
+its model card and registers it (forge.eval.finish).
 
     forge run recipes/quickstart.yaml
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.eval.finish import finish_novella
 from forge.inputs import input_fingerprints, prepare_inputs
 from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
 from forge.stages.runner import PipelineState, RunIds, run_stage
-from forge.story import base_ref, model_description, pipeline_note, plan_line, stage_row
+from forge.story import base_summary, pipeline_note, stage_row
 from forge.train.accel import process_state
 
 
@@ -29,6 +31,7 @@ class PipelineResult:
     stages: list = field(default_factory=list)  # StageResult per stage
     version: int | None = None                  # registered model version
     model_uri: str | None = None
+    evaluation: object = None                   # forge.eval.finish.Evaluation (gates, comparison, alias)
 
 
 def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resume: bool = False,
@@ -52,8 +55,8 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
             if state.is_main_process:
                 runs.save()
             tracker.log_text(resolved, "recipe.resolved.yaml")
-            tracker.log_params({"recipe": recipe.name, "base": base_ref(new_lineage(recipe, "")["base"]["spec"]), "stages": len(recipe.stages),
-                                "stage_kinds": ",".join(s.kind for s in recipe.stages)})
+            tracker.log_params({"recipe": recipe.name, "base": base_summary(new_lineage(recipe, "")["base"]["spec"]),
+                                "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
             inputs = prepare_inputs(recipe, out)
         if folder is not None and state.is_main_process:
@@ -84,17 +87,15 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
         if state.is_main_process:
             write_novella(checkpoint, novella, lineage)
         state.wait_for_everyone()
+        result = PipelineResult(out, novella, run_id, lineage["metrics"], results)
+        if state.is_main_process:  # evaluate, gate, model card, register: forge.eval.finish
+            result.evaluation = finish_novella(recipe, tracker, lineage, results, novella, inputs.sources, inputs.base,
+                                               plans, runs.stages, run_id, log)
+            result.version = lineage["evaluation"].get("version")
+            result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
         tracker.log_dict(lineage, "lineage.json")
         tracker.log_summary("novella", lineage["metrics"])
-        result = PipelineResult(out, novella, run_id, lineage["metrics"], results)
         rows = [stage_row(record, plans.get(record["name"])) for record in lineage["stages"]]
         tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
-        if recipe.tracking.register_model:
-            tags = {"forge.base": base_ref(lineage["base"]["spec"]), "forge.stages": ",".join(s.name for s in recipe.stages),
-                    "forge.run_id": run_id or "", **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()},
-                    "forge.plan": "; ".join(f"{s.name}: {plan_line(plans.get(s.name))}" for s in recipe.stages)}
-            result.version = tracker.register_model(novella, recipe.name, recipe.tracking.alias, tags,
-                                                    description=model_description(lineage, run_id))
-            result.model_uri = f"models:/{recipe.name}@{recipe.tracking.alias}"
         tracker.describe(pipeline_note(lineage, rows, result.model_uri))
     return result

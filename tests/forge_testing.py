@@ -81,3 +81,23 @@ def crash_after(monkeypatch, calls: int):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(MixedBlocks, "next_batch", flaky)
+
+
+def memorise(model, tok, texts, steps=120):
+    """Train on the texts (each after and before EOS, as documents are packed), one padded batch
+    per step, until they are memorised."""
+    import torch
+
+    torch.manual_seed(0)
+    seqs = [[tok.eos_token_id] + tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+    width = max(map(len, seqs))
+    x = torch.tensor([s + [tok.eos_token_id] * (width - len(s)) for s in seqs])
+    labels = torch.tensor([s + [-100] * (width - len(s)) for s in seqs])
+    mask = (labels != -100).long()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    model.train()
+    for _ in range(steps):
+        model(input_ids=x, attention_mask=mask, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model

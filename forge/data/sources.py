@@ -47,6 +47,7 @@ class Source:
     on_error: str = "fail"
     max_errors: int = 100
     skipped: dict = field(default_factory=dict, compare=False)  # (file, line) -> reason, for on_error: skip
+    chat: object = field(default=None, compare=False)  # forge.data.formats.FormatSpec of chat records, else None
 
     @property
     def location(self) -> str:

@@ -8,10 +8,8 @@ extend the context (RoPE) and decays its learning rate (anneal or WSD) by defaul
 """
 from __future__ import annotations
 
-import math
-
-from forge.data.mixing import build_mixture, eval_blocks
-from forge.eval.perplexity import heldout_loss
+from forge.data.mixing import build_mixture
+from forge.eval.perplexity import loss_metrics, source_blocks, source_losses
 from forge.recipe_train import MidtrainStage, PretrainStage
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import split_state
@@ -32,21 +30,24 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
     tracker = inputs.tracker
     mix = build_mixture(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
                         max_repeats=stage.max_repeats, on_exhausted=stage.on_exhausted)
-    held_out = eval_blocks(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
-                           stage.eval.max_blocks)
+    # each source's own held-out blocks: the mixed figure is their token-weighted mean
+    held_out = source_blocks(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
+                             stage.eval.max_blocks) or None
     guard = DivergenceGuard(stage.guard, f"stage {stage.name}")
     state = TrainState(s.optimizer, s.scheduler, mix, guard)
 
-    def evaluate(step: int) -> float:
-        loss = heldout_loss(s.model, held_out, stage.batch_size, s.device)
-        tracker.log_metrics({"eval_loss": loss, "eval_ppl": math.exp(loss)}, step=step)
-        return loss
+    def evaluate(step: int) -> dict[str, float]:
+        row = loss_metrics(source_losses(s.model, held_out, stage.batch_size, s.device))
+        tracker.log_metrics(row, step=step)
+        return row
 
     if s.restore(state):
         tracker.set_tags({"resumed_from": str(s.resume_from)})
         guard.last_good_checkpoint = s.resume_from
     elif held_out is not None:
-        state.metrics["eval_loss_start"] = evaluate(0)
+        start = evaluate(0)
+        state.metrics["eval_loss_start"] = start["eval_loss"]
+        state.metrics.update({f"{k}_start": v for k, v in start.items() if k.endswith(".loss")})
 
     tokens_per_step = stage.tokens_per_step * s.world
     meter, loss = Meter(tokens_per_step), float("nan")
@@ -82,7 +83,7 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
     metrics = state.metrics
     metrics["loss"] = loss
     if held_out is not None:
-        metrics["eval_loss"] = evaluate(s.total_steps)
+        metrics.update(evaluate(s.total_steps))
     metrics["tokens"] = state.tokens
     metrics.update(meter.totals())
     # real tokens / block tokens: blocks are cut from the joined stream, so nothing is padding

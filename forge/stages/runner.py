@@ -84,6 +84,7 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
     if done is not None and p.runs.reopened and stage.name in p.runs.stages:
         p.log("  finished in an earlier run: reusing its checkpoint (and its MLflow run)")
         result = StageResult.from_dict(done)
+        merged = _merge_back(stage, checkpoint, result, stage_dir)
     else:
         run_id = p.runs.stages.get(stage.name) if p.runs.reopened else None
         tags = {"forge.stage": stage.kind, "forge.stage_index": str(index)}
@@ -107,13 +108,32 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
                     plan = p.plans[stage.name]
                     log_plan_chart(tracker, plan, p.comparison.get(stage.name, []),
                                    {plan.target: result.metrics["train_seconds"] / 3600})
-            tracker.describe(stage_note(stage, checkpoint, result, p.plans.get(stage.name)))
+            merged = _merge_back(stage, checkpoint, result, stage_dir)
+            tracker.describe(stage_note(stage, checkpoint, result, p.plans.get(stage.name), merged.get("merge")))
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
               "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),
               "steps": result.steps, "tokens_by_source": result.tokens_by_source, "metrics": result.metrics,
-              **result.lineage}
+              **result.lineage, **merged}
     return result, record
+
+
+def _merge_back(stage, checkpoint: Path, result: StageResult, stage_dir: Path) -> dict:
+    """With `merge: {weight}`, the stage's output becomes its interpolation toward the input weights
+    (rank 0 writes it); returns what the lineage records of it."""
+    cfg = getattr(stage, "merge", None)
+    if cfg is None:
+        return {}
+    from forge.train.accel import process_state
+    from forge.train.merge import merge_back
+
+    state, trained, out = process_state(), result.checkpoint, stage_dir / "merged"
+    if state.is_main_process:
+        merge_back(trained, checkpoint, cfg.weight, out)
+    state.wait_for_everyone()
+    result.checkpoint = out
+    return {"merge": {"weight": cfg.weight, "trained_checkpoint": str(trained), "input_checkpoint": str(checkpoint),
+                      "output_checkpoint": str(out)}}
 
 
 def _log_setup(stage, checkpoint: Path, p: PipelineState) -> None:

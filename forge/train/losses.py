@@ -41,7 +41,10 @@ def masked_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def target_count(batch) -> int:
     """Target tokens in a batch: every position but the first of a block of token ids, or the
-    labelled positions (after the first) of a dict batch with `labels`."""
+    labelled positions (after the first) of a dict batch with `labels`; a dict batch may name its
+    own count under `targets` (its loss is then the mean over that many items)."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] * (batch.shape[1] - 1)
+    if "targets" in batch:  # a loss averaged over something else than tokens (DPO: pairs)
+        return int(batch["targets"])
     return int((batch["labels"][:, 1:] != IGNORE).sum())

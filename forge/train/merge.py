@@ -84,3 +84,11 @@ def save_averaged(folders: list[Path], weights: list[float] | None, out: Path, e
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
     return Path(out)
+
+
+def merge_back(trained: Path, start: Path, weight: float, out: Path) -> Path:
+    """Nova's merge-back: `weight * trained + (1 - weight) * start` as a Hugging Face folder at
+    `out` (config and tokenizer of the trained checkpoint); kept if a resumed run already wrote it."""
+    if not (Path(out) / "config.json").is_file():
+        save_averaged([Path(trained), Path(start)], [weight, 1.0 - weight], out)
+    return Path(out)

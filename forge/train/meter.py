@@ -10,11 +10,15 @@ class Meter:
     def __init__(self, tokens_per_step: int):
         self.tokens_per_step = tokens_per_step
         self.started = self._window_start = time.perf_counter()
-        self.paused_seconds, self.steps, self._window_tokens = 0.0, 0, 0
+        self.paused_seconds, self.steps, self._window_tokens, self.tokens = 0.0, 0, 0, 0
 
-    def step(self) -> None:
+    def step(self, tokens: int | None = None) -> None:
+        """One optimizer step of `tokens` tokens (default: the fixed tokens_per_step; SFT passes
+        the real, unpadded count)."""
+        n = self.tokens_per_step if tokens is None else tokens
         self.steps += 1
-        self._window_tokens += self.tokens_per_step
+        self._window_tokens += n
+        self.tokens += n
 
     def window_tokens_per_s(self) -> float:
         """Tokens/s since the last call (training time only)."""
@@ -36,5 +40,5 @@ class Meter:
     def totals(self) -> dict[str, float]:
         train = time.perf_counter() - self.started - self.paused_seconds
         steps = max(1, self.steps)
-        return {"train_seconds": train, "tokens_per_s_mean": steps * self.tokens_per_step / max(train, 1e-9),
+        return {"train_seconds": train, "tokens_per_s_mean": self.tokens / max(train, 1e-9),
                 "step_time_s": train / steps, "eval_checkpoint_seconds": self.paused_seconds}

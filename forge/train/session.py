@@ -92,11 +92,13 @@ def load_model(checkpoint: Path, configure: Callable | None = None):
 
 
 def open_session(settings, checkpoint: Path, out_dir: Path, resume: bool = False,
-                 configure: Callable | None = None, run_id: str | None = None) -> Session:
+                 configure: Callable | None = None, run_id: str | None = None,
+                 wrap: Callable | None = None) -> Session:
     """Set up a stage: accelerator and seed, the model (from the newest resumable checkpoint in
     `out_dir/checkpoints` when `resume`), optimizer (carrying the input's moments over when
     `optim.carry_over`), and the schedule over the stage's total steps. `run_id`: the run identity;
-    a resume only continues checkpoints it wrote, and a fresh start deletes the folder's old ones."""
+    a resume only continues checkpoints it wrote, and a fresh start deletes the folder's old ones.
+    `wrap(model)` may wrap the model before the optimizer sees it (LoRA adapters)."""
     from accelerate.utils import set_seed
 
     where = f"stage {settings.name}"
@@ -113,6 +115,8 @@ def open_session(settings, checkpoint: Path, out_dir: Path, resume: bool = False
     if max_pos and settings.seq_len > max_pos:
         raise ForgeError(f"{where}: seq_len {settings.seq_len} exceeds the model's context ({max_pos}); "
                          "extend it in a midtrain stage with a context: block")
+    if wrap is not None:
+        model = wrap(model)
     optimizer = build_optimizer(model, settings.optim)
     if settings.optim.carry_over and resume_from is None:
         saved = load_optimizer_state(checkpoint)

@@ -50,9 +50,16 @@ def test_terminated_run_is_marked_failed_not_left_running(tmp_path):
         if line.startswith("stage 1/1"):
             break
     time.sleep(2)
-    proc.send_signal(signal.SIGTERM)  # what torchrun sends the other ranks when one fails
+    # what torchrun sends the other ranks when one fails; inside the training loop the first SIGTERM
+    # only asks for a checkpoint and a clean stop (tests/stages/test_stop.py), the second stops at once
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["tiny"], output_format="list")
-    assert sorted((r.info.run_name, r.info.status) for r in runs) == [("cpt", "FAILED"), ("tiny", "FAILED")]
-    assert all("terminated" in r.data.tags["error"] for r in runs)
+    status = {r.info.run_name: r.info.status for r in runs}
+    # the parent is FAILED by the second signal; the stage either finished its step and stopped
+    # cleanly (KILLED) or was cut short (FAILED): never RUNNING
+    assert status["tiny"] == "FAILED" and status["cpt"] in ("FAILED", "KILLED") and len(status) == 2
+    assert all("terminated" in r.data.tags["error"] for r in runs if r.info.status == "FAILED")

@@ -7,26 +7,8 @@ import pytest
 from safetensors.torch import load_file
 
 from forge import cli
-from forge.data.mixing import MixedBlocks
 from forge.recipe import PretrainStage, load_recipe
-from forge_testing import base_recipe, pretrain_stage, run_stage, write_recipe
-
-
-class Crash(RuntimeError):
-    pass
-
-
-def _crash_after(monkeypatch, calls: int):
-    """Make the data loader fail on its `calls`+1-th batch (a crash mid-stage)."""
-    real, seen = MixedBlocks.next_batch, {"n": 0}
-
-    def flaky(self, *args, **kwargs):
-        seen["n"] += 1
-        if seen["n"] > calls:
-            raise Crash("simulated crash")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(MixedBlocks, "next_batch", flaky)
+from forge_testing import Crash, base_recipe, crash_after as _crash_after, pretrain_stage, run_stage, write_recipe
 
 
 def test_resumed_stage_equals_uninterrupted(tmp_path, monkeypatch, tiny_checkpoint, generated_sources):

@@ -1,0 +1,149 @@
+"""`forge eval`: run an evaluation suite on several models and compare them side by side.
+
+  forge eval RECIPE [key=value ...]         the run's starting checkpoint, each stage's output and
+                                            the Novella, with the recipe's eval: block (or its
+                                            default: held-out perplexity of every trained source)
+  forge eval --models A,B,... --suite FILE  any model folders (label=path to name them); FILE is
+                                            YAML with data: (sources, as in a recipe) and eval:
+
+Deltas are against the first model. --json / --markdown / --chart write the table as JSON,
+Markdown and a PNG; the recipe's gates are checked on the last model, and --strict exits 1 if
+one fails. With a recipe whose run is tracked, the parent MLflow run gets the table and chart
+and each stage's run its own figures.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from forge.errors import ForgeError
+from forge.recipe_data import DataSource, Strict
+from forge.recipe_eval import EvalBlock
+
+
+class SuiteFile(Strict):
+    data: dict[str, DataSource]
+    eval: EvalBlock = EvalBlock()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("recipe", nargs="?", help="a recipe whose run to evaluate (its output folder)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides for the recipe")
+    p.add_argument("--models", help="comma-separated model folders (label=path to name one); the first is the baseline")
+    p.add_argument("--suite", help="with --models: YAML with data: and eval: (a recipe's eval: block)")
+    p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="write the comparison as a Markdown table")
+    p.add_argument("--chart", metavar="FILE", help="write a PNG chart of each metric across the models")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a gate fails")
+
+
+def _load_suite(path: str):
+    from forge.inputs import resolve_source
+    from forge.recipe import _resolve_paths
+    from forge.recipe_errors import format_errors
+    from forge.recipe_yaml import read_recipe_yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise ForgeError(f"--suite {path}: no such file")
+    raw, lines = read_recipe_yaml(file)  # the recipe's safe reader: encoding, duplicate keys, alias bombs
+    if not isinstance(raw, dict):
+        raise ForgeError(f"{path}: a suite is a YAML mapping with data: and eval:")
+    raw = _resolve_paths(raw, file.parent.resolve())
+    try:
+        spec = SuiteFile.model_validate(raw)
+    except ValidationError as e:
+        raise ForgeError("\n".join(format_errors(e, SuiteFile, path, lines, {}))) from None
+    unknown = [n for n in spec.eval.sources() if n not in spec.data]
+    if unknown:
+        raise ForgeError(f"{path}: eval: unknown data source(s) {unknown}; known: {sorted(spec.data)}")
+    generated = Path(tempfile.mkdtemp(prefix="forge-eval-"))
+    return spec, {n: resolve_source(n, cfg, generated) for n, cfg in spec.data.items()}
+
+
+def _models_arg(text: str) -> dict[str, Path]:
+    models: dict[str, Path] = {}
+    for item in [x.strip() for x in text.split(",") if x.strip()]:
+        label, _, path = item.partition("=") if "=" in item else (Path(item).name, "", item)
+        label = label or Path(path).name
+        while label in models:
+            label += "'"
+        models[label] = Path(path)
+    if len(models) < 1:
+        raise ForgeError("--models: give at least one model folder")
+    return models
+
+
+def _recipe_models(recipe, base: Path) -> dict[str, Path]:
+    from forge.eval.finish import NOVELLA, START
+
+    out = Path(recipe.output)
+    models = {START: base}
+    novella = (out / "novella" / "config.json").is_file()
+    for stage in recipe.stages[:-1] if novella else recipe.stages:  # the last one's output is the Novella
+        if (out / "stages" / stage.name / "final" / "config.json").is_file():
+            models[stage.name] = out / "stages" / stage.name / "final"
+    if novella:
+        models[NOVELLA] = out / "novella"
+    if len(models) == 1:
+        raise ForgeError(f"{out}: no stage output or Novella to evaluate yet; run `forge run` first")
+    return models
+
+
+def run(args) -> int:
+    from forge.cli import _quiet_libraries
+    from forge.eval.finish import NOVELLA, Evaluation, log_comparison
+    from forge.eval.gates import check_gates
+    from forge.eval.report import format_table, plot, to_markdown, write_json
+    from forge.eval.suite import primary_metric, resolve_suite, run_suite
+
+    if bool(args.recipe) == bool(args.models):
+        raise ForgeError("give a recipe, or --models with --suite")
+    _quiet_libraries()
+    tracked = None
+    if args.recipe:
+        from forge.inputs import prepare_inputs
+        from forge.recipe import load_recipe
+        from forge.stages.runner import RunIds
+
+        recipe = load_recipe(args.recipe, args.overrides)
+        inputs = prepare_inputs(recipe, Path(recipe.output))
+        suite, sources = resolve_suite(recipe.eval, recipe.stages, recipe.data), inputs.sources
+        models = _recipe_models(recipe, inputs.base)
+        runs = RunIds.load(Path(recipe.output))
+        if runs.parent:
+            tracked = (recipe, runs)
+    else:
+        if not args.suite:
+            raise ForgeError("--models needs --suite FILE (data: and eval:)")
+        spec, sources = _load_suite(args.suite)
+        suite, models = resolve_suite(spec.eval, [], spec.data), _models_arg(args.models)
+    comparison = run_suite(models, suite, sources, log=lambda m: print(m, file=sys.stderr))
+    ev = Evaluation(comparison, check_gates(suite, comparison.metrics[comparison.models[-1]]), primary_metric(suite))
+    print(format_table(comparison), end="")
+    for g in ev.gates:
+        print(f"gate {g.text}")
+    extra = {"primary": ev.primary, "gates": [g.as_dict() for g in ev.gates], "passed": ev.passed}
+    if args.json:
+        write_json(comparison, args.json, extra)
+    if args.markdown:
+        Path(args.markdown).write_text(to_markdown(comparison))
+    if args.chart:
+        plot(comparison, args.chart)
+    if tracked:
+        from forge.track import Tracker
+
+        recipe, runs = tracked
+        tracker = Tracker(recipe.tracking_uri, recipe.experiment)
+        with tracker.run(recipe.name, run_id=runs.parent):
+            last = recipe.stages[-1].name  # the Novella is the last stage's output
+            log_comparison(tracker, ev, {**runs.stages, NOVELLA: runs.stages[last]} if last in runs.stages else runs.stages)
+        print(f"mlflow:  logged to run {runs.parent} ({recipe.tracking_uri})", file=sys.stderr)
+    if not ev.passed:
+        failed = [g for g in ev.gates if not g.passed]
+        print(f"forge: {len(failed)} gate(s) failed on {comparison.models[-1]}", file=sys.stderr)
+        return 1 if args.strict else 0
+    return 0

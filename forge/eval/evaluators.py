@@ -1,0 +1,164 @@
+"""Evaluators: plain functions over a model (and tokenizer) and data, each returning named figures.
+
+perplexity per source, retention and domain gain against the starting checkpoint, fact recall by
+greedy generation (exact match and contains, on normalised answers), preference accuracy, and
+custom evaluators loaded from `file.py:function`. forge.eval.suite runs them for a recipe.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import string
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from forge.errors import ForgeError
+from forge.eval.perplexity import source_losses
+
+
+def perplexity(model, blocks: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, float]:
+    """`ppl.<source>` and `loss.<source>` on each source's held-out blocks."""
+    out = {}
+    for name, v in source_losses(model, blocks, batch_size, device).items():
+        out[f"loss.{name}"], out[f"ppl.{name}"] = v.loss, v.ppl
+    return out
+
+
+def relative_change(ppl: dict[str, float], start: dict[str, float], general: list[str],
+                    domain: list[str]) -> dict[str, float]:
+    """Against the starting checkpoint's perplexities: `retention.<s>` = ppl/start - 1 for general
+    sources (the forgetting: 0.10 = 10% worse), `domain_gain.<s>` = 1 - ppl/start for domain ones."""
+    out = {}
+    for name in general:
+        if f"ppl.{name}" in ppl and f"ppl.{name}" in start:
+            out[f"retention.{name}"] = ppl[f"ppl.{name}"] / start[f"ppl.{name}"] - 1.0
+    for name in domain:
+        if f"ppl.{name}" in ppl and f"ppl.{name}" in start:
+            out[f"domain_gain.{name}"] = 1.0 - ppl[f"ppl.{name}"] / start[f"ppl.{name}"]
+    return out
+
+
+def retention(model, start_model, blocks: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, float]:
+    """Forgetting on general text: `retention.<s>` = ppl(model) / ppl(start_model) - 1."""
+    now, start = perplexity(model, blocks, batch_size, device), perplexity(start_model, blocks, batch_size, device)
+    return relative_change(now, start, list(blocks), [])
+
+
+# ------------------------------------------------------------------------------- fact recall
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (the SQuAD normalisation)."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def separator_ids(tokenizer, separator: str) -> list[int]:
+    """What precedes a document in training: EOS (end of the one before) or BOS."""
+    sep = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
+    return [sep] if sep is not None else []
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, device, separator: str = "eos") -> str:
+    """Greedy continuation of `prompt` (after the document separator), stopping at EOS or BOS
+    (a model trained with BOS between documents never emits EOS)."""
+    ids = torch.tensor([separator_ids(tokenizer, separator)
+                        + tokenizer(prompt, add_special_tokens=False)["input_ids"]], dtype=torch.long)
+    stops = [t for t in (tokenizer.eos_token_id, tokenizer.bos_token_id) if t is not None]
+    was_training = model.training
+    model.eval()
+    out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None,
+                         pad_token_id=stops[0] if stops else 0)
+    model.train(was_training)
+    new = [t for t in out[0, ids.shape[1]:].tolist() if t not in stops]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def fact_recall(model, tokenizer, pairs: list[tuple[str, str]], max_new_tokens: int, device,
+                prompt: str = "{question}\n", separator: str = "eos") -> dict[str, float]:
+    """`fact_recall.exact`: the generation's first line, normalised, equals the normalised answer;
+    `fact_recall.contains`: the normalised answer appears in the normalised generation."""
+    if not pairs:
+        raise ForgeError("fact recall: no question/answer pairs to score")
+    exact = contains = 0
+    for question, answer in pairs:
+        text = generate(model, tokenizer, prompt.replace("{question}", question), max_new_tokens, device, separator)
+        want = normalize_answer(answer)
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        exact += normalize_answer(lines[0] if lines else "") == want
+        contains += bool(want) and want in normalize_answer(text)
+    return {"fact_recall.exact": exact / len(pairs), "fact_recall.contains": contains / len(pairs)}
+
+
+# ------------------------------------------------------------------------ preference accuracy
+@torch.no_grad()
+def _response_logprob(model, ids: list[int], start: int, device) -> float:
+    """Sum of log p(token) over ids[start:], each given everything before it."""
+    x = torch.tensor([ids], device=device)
+    logits = model(input_ids=x).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(1, x[0, 1:, None])[:, 0]
+    return logp[start - 1:].sum().item()
+
+
+def preference_accuracy(model, tokenizer, pairs: list[tuple[str, str, str]], device,
+                        max_len: int = 512, separator: str = "eos") -> dict[str, float]:
+    """Share of (prompt, chosen, rejected) where chosen's summed log-likelihood after the prompt is
+    higher. With an empty prompt the pair's longest shared token prefix is the prompt."""
+    if not pairs:
+        raise ForgeError("preference accuracy: no chosen/rejected pairs to score")
+    was_training = model.training
+    model.eval()
+    bos = separator_ids(tokenizer, separator)
+    wins = 0
+    for prompt, chosen, rejected in pairs:
+        p = bos + tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else list(bos)
+        c = p + tokenizer(chosen, add_special_tokens=False)["input_ids"]
+        r = p + tokenizer(rejected, add_special_tokens=False)["input_ids"]
+        c, r = c[:max_len], r[:max_len]
+        start = len(p)
+        while start < min(len(c), len(r)) and c[start] == r[start]:
+            start += 1  # shared text is not what the preference is about
+        start = max(start, 1)
+        if start >= len(c) or start >= len(r):
+            wins += len(c) > len(r)  # one is a prefix of the other (truncation): count as a tie, lost
+            continue
+        wins += _response_logprob(model, c, start, device) > _response_logprob(model, r, start, device)
+    model.train(was_training)
+    return {"preference_accuracy": wins / len(pairs)}
+
+
+# --------------------------------------------------------------------------------- custom
+def load_custom(spec: str, root: Path | None = None) -> Callable:
+    """`file.py:function` (the file relative to `root`): the function, called as
+    fn(model, tokenizer, sources, device) -> float or {name: float}."""
+    path, sep, func = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not func.isidentifier():
+        raise ForgeError(f"eval.custom: {spec!r} should be 'file.py:function'")
+    file = Path(path) if root is None or Path(path).is_absolute() else root / path
+    if not file.is_file():
+        raise ForgeError(f"eval.custom: {spec!r}: no file {file}")
+    module_spec = importlib.util.spec_from_file_location(f"forge_custom_eval_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise ForgeError(f"eval.custom: {file} failed to import: {type(e).__name__}: {e}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise ForgeError(f"eval.custom: {file} has no function {func!r}")
+    return fn
+
+
+def run_custom(spec: str, fn: Callable, model, tokenizer, sources: dict, device) -> dict[str, float]:
+    value = fn(model, tokenizer, sources, device)
+    name = spec.rpartition(":")[2]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {name: float(value)}
+    if isinstance(value, dict) and all(isinstance(v, (int, float)) for v in value.values()):
+        return {f"{name}.{k}": float(v) for k, v in value.items()}
+    raise ForgeError(f"eval.custom: {spec} returned {type(value).__name__}; expected a number or {{name: number}}")

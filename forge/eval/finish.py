@@ -1,0 +1,119 @@
+"""The end of a Novella run: evaluate (the recipe's `eval:` block on the starting checkpoint, the
+stages' outputs if asked, and the Novella), check the gates, record it all in lineage and MLflow,
+write MODEL_CARD.md, and register with `candidate` (and the deployment alias if it earned it)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.eval.card import write_model_card
+from forge.eval.gates import GateResult, check_gates, passed
+from forge.eval.registry import Decision, register
+from forge.eval.report import format_table, plot, to_markdown
+from forge.eval.suite import Comparison, primary_metric, resolve_suite, run_suite
+from forge.story import base_summary, model_description, plan_line
+
+START, NOVELLA = "start", "novella"
+
+
+@dataclass
+class Evaluation:
+    comparison: Comparison
+    gates: list[GateResult] = field(default_factory=list)
+    primary: str = ""
+    decision: Decision | None = None
+
+    @property
+    def passed(self) -> bool:
+        return passed(self.gates)
+
+    def record(self, suite) -> dict:
+        """What lineage keeps (and the model card shows)."""
+        return {**self.comparison.as_dict(), "domain": suite.domain, "general": suite.general,
+                "primary": self.primary, "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
+                "markdown": to_markdown(self.comparison)}
+
+
+def compute_record(stages: list, results: list, plans: dict) -> dict:
+    """Per training stage: planned (on the recipe's target) vs measured (here) steps, tokens, hours."""
+    out = {}
+    for stage, result in zip(stages, results):
+        if not result.steps:
+            continue
+        plan = plans.get(stage.name)
+        out[stage.name] = {"steps": result.steps, "tokens": int(result.metrics.get("tokens", 0)),
+                           "train_hours": result.metrics.get("train_seconds", 0.0) / 3600}
+        if plan is not None:
+            out[stage.name].update({"target": plan.target, "planned_steps": plan.steps,
+                                    "planned_tokens": int(plan.tokens_trained), "planned_hours": plan.hours,
+                                    "planned_flops": plan.flops_total})
+    return out
+
+
+def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict, log=print) -> tuple[Evaluation, object]:
+    """The recipe's suite on start, (each stage,) Novella; the gates on the Novella."""
+    suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
+    models = {START: Path(base)}
+    if suite.after_each_stage:
+        models.update({s.name: r.checkpoint for s, r in zip(recipe.stages[:-1], results[:-1])})
+    models[NOVELLA] = Path(novella)
+    comparison = run_suite(models, suite, sources, log=log)
+    ev = Evaluation(comparison, check_gates(suite, comparison.metrics[NOVELLA]), primary_metric(suite))
+    return ev, suite
+
+
+def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str]) -> None:
+    """Parent run: the Novella's figures, the table (text, Markdown, JSON) and the chart; each stage
+    run that was evaluated: its own figures. Single figures, so a summary (params `suite.*` and
+    summary.json rows), not one-point metric charts."""
+    c = ev.comparison
+    tracker.log_summary("suite", c.metrics[c.models[-1]])
+    tracker.log_text(format_table(c), "eval/comparison.txt")
+    tracker.log_text(to_markdown(c), "eval/comparison.md")
+    tracker.log_dict(c.as_dict(), "eval/comparison.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_artifact(plot(c, Path(tmp) / "comparison.png"), "eval")
+    for label in c.models:
+        if label in stage_runs:
+            tracker.log_summary("suite", c.metrics[label], run_id=stage_runs[label])
+
+
+def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path, sources: dict, base: Path,
+                   plans: dict, stage_runs: dict[str, str], run_id: str | None, log=print) -> Evaluation:
+    """Evaluate, gate, record, write the model card and register (rank 0 only)."""
+    ev, suite = evaluate_run(recipe, base, results, novella, sources, log)
+    log(format_table(ev.comparison).rstrip())
+    for g in ev.gates:
+        log(f"gate {g.text}")
+    lineage["evaluation"] = ev.record(suite)
+    lineage["compute"] = compute_record(recipe.stages, results, plans)
+    last = recipe.stages[-1].name  # the Novella is the last stage's output: its run gets those figures
+    log_comparison(tracker, ev, {**stage_runs, NOVELLA: stage_runs[last]} if last in stage_runs else stage_runs)
+    if recipe.tracking.register_model:
+        tags = {"forge.base": base_summary(lineage["base"]["spec"]),
+                "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run_id or "",
+                "forge.gates": "pass" if ev.passed else "fail",
+                **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()},
+                **{f"forge.gate.{g.metric}": g.text for g in ev.gates},
+                **{f"forge.compute.{s}.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
+                   for s, c in lineage["compute"].items() for k, v in c.items()},
+                "forge.plan": "; ".join(f"{s.name}: {plan_line(plans.get(s.name))}" for s in recipe.stages)}
+        value = ev.comparison.metrics[NOVELLA].get(ev.primary)
+        if value is None:
+            value = lineage["metrics"].get(ev.primary)
+        version, ev.decision = register(tracker, novella, recipe.name, recipe.tracking.alias, tags, ev.primary,
+                                        value, ev.passed)
+        taken = "took" if ev.decision.promote else "did not take"
+        lineage["evaluation"]["alias"] = (f"version {version} is `candidate`; it {taken} `{recipe.tracking.alias}` "
+                                          f"({ev.decision.reason})")
+        lineage["evaluation"]["version"] = version
+    (Path(novella) / "lineage.json").write_text(json.dumps(lineage, indent=2))
+    card = write_model_card(novella, lineage, suite.intended_use, suite.limitations)
+    tracker.log_artifact(card)
+    version = lineage["evaluation"].get("version")
+    if version is not None:  # the version's page: the lineage in brief, then the card
+        tracker.describe_model(recipe.name, version, model_description(lineage, run_id, card.read_text()),
+                               model_description(lineage, run_id))
+    return ev

@@ -1,0 +1,175 @@
+"""Run a recipe's evaluation suite (its `eval:` block) on several models: the starting checkpoint
+first, then each stage's output and the Novella. Returns a Comparison (forge.eval.report prints,
+charts and saves it); figures relative to the start (retention, domain gain) come from the first
+model's numbers. A time budget skips what does not fit and lists what was skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.data.mixing import in_holdout
+from forge.errors import ForgeError
+from forge.eval import evaluators as E
+from forge.eval.perplexity import source_blocks
+from forge.recipe_eval import EvalBlock
+
+SCHEMA = "forge.eval/1"
+
+
+@dataclass
+class Comparison:
+    """label -> metric -> value for each model, in order; the first is the baseline for deltas."""
+
+    models: list[str]
+    paths: dict[str, str]
+    metrics: dict[str, dict[str, float]]
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(k for label in self.models for k in self.metrics[label]))
+
+    def deltas(self) -> dict[str, dict[str, float]]:
+        base = self.metrics[self.models[0]]
+        return {label: {k: v - base[k] for k, v in self.metrics[label].items() if k in base}
+                for label in self.models[1:]}
+
+    def as_dict(self) -> dict:
+        return {"schema": SCHEMA, "baseline": self.models[0],
+                "models": [{"label": m, "path": self.paths[m], "metrics": self.metrics[m]} for m in self.models],
+                "deltas": self.deltas(), "skipped": self.skipped, "seconds": self.seconds}
+
+
+def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBlock:
+    """The suite with its defaults filled from the recipe: domain = the proprietary sources the
+    stages train on, general = the others; seq_len and separator from the last training stage."""
+    block = block or EvalBlock()
+    trained = list(dict.fromkeys(n for s in stages for n in s.sources))
+    if not stages:  # a suite file: every source it names is the suite's
+        trained = list(data)
+    trained = [n for n in trained if data[n].chat is None]  # perplexity reads plain text, not chat records
+    train_stages = [s for s in stages if hasattr(s, "seq_len")]
+    last = train_stages[-1] if train_stages else None
+    return block.model_copy(update={
+        "domain": block.domain if block.domain is not None else [n for n in trained if data[n].proprietary],
+        "general": block.general if block.general is not None else [n for n in trained if not data[n].proprietary],
+        "seq_len": block.seq_len or (last.seq_len if last else 256),
+        "separator": block.separator or getattr(last, "separator", "eos"),
+    })
+
+
+def primary_metric(suite: EvalBlock) -> str:
+    """The metric that decides the champion: the recipe's, else the first domain (then general)
+    source's held-out perplexity."""
+    if suite.primary:
+        return suite.primary
+    names = [*(suite.domain or []), *(suite.general or []), *suite.perplexity]
+    return f"ppl.{names[0]}" if names else "eval_loss"
+
+
+def _records(source, split: str) -> list[dict]:
+    rows = []
+    for record, where, row in source.rows():
+        if isinstance(row, ForgeError):
+            raise row
+        if not isinstance(row, dict):
+            raise ForgeError(f"{where}: data.{source.name}: expected a JSON record (question/answer or chosen/rejected)")
+        held = in_holdout(source.name, record, source.holdout)
+        if split == "all" or (split == "heldout") == held:
+            rows.append((where, row))
+    return rows
+
+
+def _field(row: dict, key: str, where: str, what: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str):
+        raise ForgeError(f"{where}: record has no text field {key!r} ({what}); fields present: {sorted(row)[:12]}")
+    return value
+
+
+def qa_pairs(suite: EvalBlock, sources: dict) -> list[tuple[str, str]]:
+    fr = suite.fact_recall
+    rows = _records(sources[fr.source], fr.split)[: fr.limit]
+    return [(_field(r, fr.question_field, w, "eval.fact_recall.question_field"),
+             _field(r, fr.answer_field, w, "eval.fact_recall.answer_field")) for w, r in rows]
+
+
+def preference_pairs(suite: EvalBlock, sources: dict) -> list[tuple[str, str, str]]:
+    pf = suite.preference
+    rows = _records(sources[pf.source], pf.split)[: pf.limit]
+    return [(_field(r, pf.prompt_field, w, "eval.preference.prompt_field") if pf.prompt_field else "",
+             _field(r, pf.chosen_field, w, "eval.preference.chosen_field"),
+             _field(r, pf.rejected_field, w, "eval.preference.rejected_field")) for w, r in rows]
+
+
+def _tokenizer_key(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(path: str | Path, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ForgeError(f"{path}: not a model folder (no config.json)")
+    return (AutoModelForCausalLM.from_pretrained(path, use_safetensors=True).to(device),
+            AutoTokenizer.from_pretrained(path))
+
+
+def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Path | None = None,
+              log=print) -> Comparison:
+    """Every evaluator of `suite` on every model (in order; the first is the starting point)."""
+    import torch
+
+    missing = [n for n in suite.sources() if n not in sources]
+    if missing:
+        raise ForgeError(f"eval: unknown data source(s) {missing}; known: {sorted(sources)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    customs = [(spec, E.load_custom(spec, root)) for spec in suite.custom]
+    qa = qa_pairs(suite, sources) if suite.fact_recall else None
+    prefs = preference_pairs(suite, sources) if suite.preference else None
+    ppl_sources = list(dict.fromkeys([*suite.domain, *suite.general, *suite.perplexity]))
+    blocks_cache: dict[str, dict] = {}
+    started, skipped = time.perf_counter(), []
+    out: dict[str, dict[str, float]] = {}
+
+    def fits(label: str, what: str) -> bool:
+        if suite.time_budget_s is None or time.perf_counter() - started < suite.time_budget_s:
+            return True
+        skipped.append(f"{label}: {what}")
+        return False
+
+    for label, path in models.items():
+        log(f"  eval {label}: {path}")
+        model, tok = load(path, device)
+        m: dict[str, float] = {}
+        if ppl_sources and fits(label, "perplexity"):
+            key = _tokenizer_key(tok)
+            if key not in blocks_cache:
+                blocks_cache[key] = source_blocks(sources, ppl_sources, tok, suite.seq_len, suite.separator,
+                                                  suite.max_blocks)
+            m.update(E.perplexity(model, blocks_cache[key], suite.batch_size, device))
+        if qa is not None and fits(label, "fact_recall"):
+            fr = suite.fact_recall
+            m.update(E.fact_recall(model, tok, qa, fr.max_new_tokens, device, fr.prompt, suite.separator))
+        if prefs is not None and fits(label, "preference"):
+            m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
+        for spec, fn in customs:
+            if fits(label, spec):
+                m.update(E.run_custom(spec, fn, model, tok, sources, device))
+        if suite.lm_eval is not None and fits(label, "lm_eval"):
+            from forge.eval.lm_eval_task import run_lm_eval
+
+            m.update(run_lm_eval(model, tok, suite.lm_eval, root, device))
+        out[label] = m
+        del model
+    first = out[next(iter(models))]
+    for label in models:
+        out[label].update(E.relative_change(out[label], first, suite.general, suite.domain))
+    return Comparison(list(models), {k: str(v) for k, v in models.items()}, out, skipped,
+                      time.perf_counter() - started)

@@ -1,0 +1,97 @@
+"""Recipe schema, part three: the `eval:` block (the suite run on the starting checkpoint, each
+stage's output and the Novella), its gates, and the metric that decides the champion.
+
+Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<source>` (held-out),
+`retention.<source>` (general sources: relative perplexity increase over the starting checkpoint),
+`domain_gain.<source>` (domain sources: relative perplexity decrease), `fact_recall.exact` /
+`fact_recall.contains`, `preference_accuracy`, `<function>.<key>` for custom evaluators and
+`lm_eval.<task>.<metric>`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from forge.recipe_data import NAME, Strict
+
+
+class FactRecall(Strict):
+    """Greedy generation from each question, scored against its reference answer."""
+
+    source: str = Field(pattern=NAME, description="a data source of JSON records holding question and answer")
+    question_field: str = "question"
+    answer_field: str = "answer"
+    prompt: str = Field("{question}\n", description="the prompt; {question} is replaced by the question")
+    match: Literal["exact", "contains"] = Field("contains", description="which score fact_recall_min gates")
+    max_new_tokens: int = Field(32, gt=0, le=4096)
+    limit: int = Field(50, gt=0, description="at most this many questions (the first ones)")
+    split: Literal["all", "train", "heldout"] = Field(
+        "all", description="all records (did it learn the facts?), or only the held-out / training ones")
+
+
+class Preference(Strict):
+    """Preference accuracy: the model gives `chosen` a higher log-likelihood than `rejected`."""
+
+    source: str = Field(pattern=NAME)
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    prompt_field: str | None = Field(None, description="None: the pair's shared prefix is the prompt")
+    limit: int = Field(200, gt=0)
+    split: Literal["all", "train", "heldout"] = "all"
+
+
+class LmEval(Strict):
+    """Benchmarks through lm-eval (`pip install 'forge[eval]'`), run on the in-memory model."""
+
+    tasks: list[str] = Field(min_length=1, description="task names, or paths to task YAML files")
+    limit: int | None = Field(None, gt=0)
+    num_fewshot: int | None = Field(None, ge=0)
+
+
+class Gates(Strict):
+    """Thresholds the Novella must meet to receive the deployment alias (fractions, 0.1 = 10%)."""
+
+    retention_ppl_increase_max: float | None = Field(
+        None, ge=0, description="largest allowed rise of a general source's perplexity over the start")
+    domain_ppl_decrease_min: float | None = Field(
+        None, le=1, description="smallest required fall of each domain source's perplexity")
+    fact_recall_min: float | None = Field(None, ge=0, le=1)
+    preference_accuracy_min: float | None = Field(None, ge=0, le=1)
+    min: dict[str, float] = Field(default_factory=dict, description="any metric: at least this value")
+    max: dict[str, float] = Field(default_factory=dict, description="any metric: at most this value")
+
+
+class EvalBlock(Strict):
+    domain: list[str] | None = Field(
+        None, description="sources whose held-out perplexity should fall; default: the proprietary ones stages train on")
+    general: list[str] | None = Field(
+        None, description="sources whose perplexity must hold (retention); default: the other sources stages train on")
+    perplexity: list[str] = Field(default_factory=list, description="further sources to report perplexity on")
+    fact_recall: FactRecall | None = None
+    preference: Preference | None = None
+    custom: list[str] = Field(default_factory=list, description="evaluators as 'file.py:function'")
+    lm_eval: LmEval | None = None
+    seq_len: int | None = Field(None, ge=8, description="default: the last training stage's seq_len")
+    max_blocks: int = Field(16, gt=0, description="held-out blocks per source")
+    batch_size: int = Field(8, gt=0)
+    separator: Literal["eos", "bos"] | None = Field(None, description="default: the last training stage's")
+    time_budget_s: float | None = Field(None, gt=0, description="evaluators past this are skipped (and listed)")
+    after_each_stage: bool = Field(False, description="also evaluate every stage's output, not only the start and the Novella")
+    primary: str | None = Field(
+        None, description="the metric that decides the champion; default: ppl of the first domain source")
+    gates: Gates = Gates()
+    intended_use: str | None = Field(None, description="the model card's intended-use paragraph")
+    limitations: list[str] = Field(default_factory=list, description="model card: limitations besides forge's own")
+
+    def sources(self) -> list[str]:
+        """Every data source the suite reads."""
+        names = [*(self.domain or []), *(self.general or []), *self.perplexity]
+        names += [x.source for x in (self.fact_recall, self.preference) if x is not None]
+        return list(dict.fromkeys(names))
+
+
+def higher_is_better(metric: str) -> bool:
+    """ppl, loss and retention fall when a model gets better; every other metric rises."""
+    head = metric.split(".")[0]
+    return head not in ("ppl", "loss", "retention", "eval_loss", "eval_ppl")

@@ -1,0 +1,161 @@
+"""RFT (GRPO): the mean reward of a verifiable toy task rises, with a Python and with an HTTP reward;
+reward sources that fail end the stage with an error naming the source and batch; Lambda via Stubber."""
+from __future__ import annotations
+
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from forge.inputs import resolve_source
+from forge.recipe import DataSource, RftStage
+from forge.stages.rewards import Reward, RewardError
+from forge_testing import run_stage
+import rft_rewards
+
+HERE = Path(__file__).resolve().parent
+REWARDS = HERE / "rft_rewards.py"
+
+
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}.", "answer": "x" if i % 2 else "y"}) + "\n"
+                            for i in range(16)))
+    return {"p": resolve_source("p", DataSource(path=str(path), holdout=0.0), tmp_path)}
+
+
+def rft(source=f"{REWARDS}:e_share", **kw) -> RftStage:
+    cfg = {"name": "rft", "kind": "rft", "data": ["p"], "rewards": [{"source": source, "timeout_s": 1.0}],
+           "max_steps": 12, "seq_len": 64, "batch_size": 4, "group": 8, "max_new_tokens": 12,
+           "optim": {"lr": 2e-3}, "log_every": 1}
+    cfg.update(kw)
+    return RftStage(**cfg)
+
+
+class Rows:
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, m, step=None):
+        if "reward_mean" in m:
+            self.rows.append(m)
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def rises(tmp_path, tiny_checkpoint, stage):
+    t = Rows()
+    result = run_stage(stage, tiny_checkpoint, prompts(tmp_path), tmp_path / "o", tracker=t)
+    first = sum(r["reward_mean"] for r in t.rows[:3]) / 3
+    last = sum(r["reward_mean"] for r in t.rows[-3:]) / 3
+    print(f"mean reward: first 3 steps {first:.3f} -> last 3 steps {last:.3f}")
+    assert last > first + 0.05 and last > 1.5 * first
+    assert {"kl", "clip_fraction", "completion_length", "reward_std"} <= set(t.rows[-1])
+    return result
+
+
+def test_grpo_raises_the_mean_reward_python(tmp_path, tiny_checkpoint):
+    result = rises(tmp_path, tiny_checkpoint, rft(kl_beta=0.01, updates_per_rollout=2))
+    assert (result.checkpoint / "model.safetensors").is_file()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        scores = rft_rewards.e_share(body["prompts"], body["completions"])
+        data = json.dumps({"rewards": scores}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/score"
+    srv.shutdown()
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_mean_reward_http(tmp_path, tiny_checkpoint, server):
+    rises(tmp_path, tiny_checkpoint, rft(server, kl_beta=0.01, updates_per_rollout=2))
+
+
+def test_http_reward_chunks_and_async_python(server):
+    spec = rft(server).rewards[0].model_copy(update={"batch_size": 3, "concurrency": 2})
+    got = Reward(spec)(["p"] * 7, ["eee", "abc", "e"] * 2 + ["x"], {}, batch=1)
+    assert got == pytest.approx([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    a = Reward(rft(f"{REWARDS}:e_share_async").rewards[0])(["p"], ["ee"], {}, batch=1)
+    assert a == [1.0]
+    f = Reward(rft(f"{REWARDS}:with_fields").rewards[0])(["p", "q"], ["", ""], {"answer": ["x", "y"]}, batch=1)
+    assert f == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("fn, message", [
+    ("raises", "raised RuntimeError: grader crashed"), ("hangs", "no answer within 1s"),
+    ("nan", "score 0 is nan, not a finite number"), ("short", "returned 7 scores for 8 completions"),
+])
+def test_bad_rewards_end_the_stage_naming_source_and_batch(tmp_path, tiny_checkpoint, fn, message):
+    with pytest.raises(RewardError, match=rf"reward '.*rft_rewards.py:{fn}' on batch 1: {message}"):
+        run_stage(rft(f"{REWARDS}:{fn}", max_steps=1, batch_size=1), tiny_checkpoint, prompts(tmp_path), tmp_path / "o")
+
+
+def test_http_endpoint_down_is_a_clear_error():
+    spec = rft("http://127.0.0.1:9/none").rewards[0].model_copy(update={"retries": 1, "timeout_s": 0.5})
+    with pytest.raises(RewardError, match=r"reward 'http://127.0.0.1:9/none' on batch 3: the endpoint failed after 2"):
+        Reward(spec)(["p"], ["c"], {}, batch=3)
+
+
+def test_lambda_reward_through_boto3_stubber():
+    import boto3
+    from botocore.response import StreamingBody
+    from botocore.stub import Stubber
+
+    client = boto3.client("lambda", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    spec = rft("lambda:grader").rewards[0].model_copy(update={"batch_size": 2, "concurrency": 1})
+    stub = Stubber(client)
+    for chunk, scores in ((["a", "b"], [0.5, 1.0]), (["c"], [0.25])):
+        payload = json.dumps(scores).encode()
+        stub.add_response("invoke", {"StatusCode": 200, "Payload": StreamingBody(io.BytesIO(payload), len(payload))},
+                          {"FunctionName": "grader", "InvocationType": "RequestResponse",
+                           "Payload": json.dumps({"prompts": ["p"] * len(chunk), "completions": chunk}).encode()})
+    err = json.dumps({"errorMessage": "boom"}).encode()
+    stub.add_response("invoke", {"StatusCode": 200, "FunctionError": "Unhandled",
+                                 "Payload": StreamingBody(io.BytesIO(err), len(err))})
+    with stub:
+        assert Reward(spec, lambda_client=client)(["p"] * 3, ["a", "b", "c"], {}, batch=1) == [0.5, 1.0, 0.25]
+        with pytest.raises(RewardError, match=r"reward 'lambda:grader' on batch 2: the Lambda function failed \(Unhandled\)"):
+            Reward(spec, lambda_client=client)(["p"], ["a"], {}, batch=2)
+        stub.assert_no_pending_responses()
+
+
+def test_validate_refuses_rft_without_rewards_and_dpo_without_pairs(tmp_path):
+    from forge.errors import ForgeError
+    from forge.recipe import load_recipe
+    from forge_testing import base_recipe, write_recipe
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"prompt": "hi", "completion": "ho"}) + "\n")
+    r = base_recipe(tmp_path)
+    r["data"]["qa"] = {"path": str(qa), "chat": {"kind": "prompt_completion"}}
+    r["stages"] = [{"name": "rl", "kind": "rft", "data": ["qa"], "rewards": [], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.rewards"):
+        load_recipe(write_recipe(tmp_path / "a.yaml", r))
+    r["stages"] = [{"name": "d", "kind": "dpo", "data": ["qa"], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.data\[0\]: data.qa has chat.kind 'prompt_completion', "
+                                         r"which holds no preference pairs"):
+        load_recipe(write_recipe(tmp_path / "b.yaml", r))
+    r["stages"] = [{"name": "s", "kind": "sft", "data": ["qa"], "max_steps": 1, "lora": {"merge": False}},
+                   {"name": "d", "kind": "sft", "data": ["qa"], "max_steps": 1}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.lora\.merge: false saves only an adapter"):
+        load_recipe(write_recipe(tmp_path / "c.yaml", r))
