@@ -18,9 +18,11 @@ import json
 import logging
 import os
 import re
+import signal
 import sqlite3
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -177,7 +179,8 @@ class Tracker:
             message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
             if isinstance(e, SystemExit):
                 message = f"stopped with exit status {e.code} (terminated, or another process of the launch failed)"
-            with contextlib.suppress(Exception):
+            # a second signal (the one that "stops at once") waits the few ms it takes to say why
+            with _signals_deferred(), contextlib.suppress(Exception):
                 mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
             raise
         finally:
@@ -375,6 +378,19 @@ class Tracker:
         """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
         if self.enabled:
             self._mlflow.log_table(data=table, artifact_file=artifact_file)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held back (main thread) until the block ends, then delivered."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
