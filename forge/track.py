@@ -194,7 +194,8 @@ class Tracker:
                 mlflow.flush_async_logging()
             finally:
                 try:
-                    mlflow.end_run(status)
+                    with _signals_deferred():  # a second signal must not leave the run RUNNING
+                        mlflow.end_run(status)
                 except Exception as e:  # the store is gone: never hide the error that got us here
                     with contextlib.suppress(Exception):
                         mlflow.tracking.fluent._active_run_stack.get().clear()
@@ -382,15 +383,26 @@ class Tracker:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT held back (main thread) until the block ends, then delivered."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """A SIGTERM or SIGINT arriving during the block is held and handed to its handler at the end
+    (main thread only; Python runs signal handlers there, whichever thread the signal reached)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    caught: list = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: caught.append((signum, frame)))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum, frame in caught[:1]:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
