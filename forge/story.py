@@ -1,7 +1,7 @@
 """What a run page says at a glance: the Markdown descriptions of a pipeline's parent run, of each
 stage's run and of the registered model, and the parent's table of stages (planned vs measured).
 
-Plain functions over plain data (settings, plans, lineage records); forge/track.py logs the text.
+Plain functions over plain data (settings, plans, lineage records); forge/track/ logs the text.
 """
 from __future__ import annotations
 

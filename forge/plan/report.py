@@ -1,4 +1,4 @@
-"""Presenting plans: a terminal table, JSON, the MLflow payload (plain data; forge/track.py logs
+"""Presenting plans: a terminal table, JSON, the MLflow payload (plain data; forge/track/ logs
 it), a PNG chart across targets, and the fit check `forge run` applies before a stage."""
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def to_json(plans: list[StagePlan]) -> str:
 
 
 def plan_tracking_payload(plan: StagePlan) -> tuple[dict, dict, dict]:
-    """(params, metrics, artifacts) for the stage's MLflow run; forge/track.py does the logging."""
+    """(params, metrics, artifacts) for the stage's MLflow run; forge/track/ does the logging."""
     params = {
         "plan.target": plan.target, "plan.chips": plan.chips, "plan.layout": plan.layout or "none",
         "plan.precision": plan.precision, "plan.feasible": plan.feasible, "plan.stack": plan.stack or "none",

@@ -1,6 +1,6 @@
 """What a running pipeline records about its plan: the plan and a cross-target chart before a
 stage, predicted vs measured step time / tokens/s / peak memory after it (also kept for
-`forge plan --calibrate`). Takes a tracker object; only forge/track.py talks to MLflow."""
+`forge plan --calibrate`). Takes a tracker object; only forge/track/ talks to MLflow."""
 from __future__ import annotations
 
 import tempfile

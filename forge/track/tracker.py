@@ -1,25 +1,17 @@
-"""The one place that talks to MLflow.
+"""The Tracker: forge's runs (one parent per pipeline, a nested child per stage), their params,
+metrics, summaries, descriptions, datasets and artifacts, and the registry calls, through MLflow.
 
-A Tracker owns forge's runs (one parent per pipeline, a nested child per stage) and hides
-MLflow's limits: params are flattened, truncated to MLflow's value length and sent in batches;
-only rank 0 logs (other ranks get a Tracker with `enabled=False`, which does nothing). A run left
-by an exception is ended FAILED with the error message, so nothing stays RUNNING.
-
-Store faults: a SQLite store is created in a temporary file and linked into place whole (a kill
-never leaves half a schema), and an existing one is checked before use (damaged, half-built,
-another schema, locked: a forge error naming it, at once, not after MLflow's minute of retries).
+It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
+batches; only rank 0 logs (other ranks get a Tracker with `enabled=False`, which does nothing). A
+run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
 Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
 and retried while training goes on (`on_error="buffer"`), saying so.
 """
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
-import re
 import signal
-import sqlite3
 import sys
 import tempfile
 import threading
@@ -28,60 +20,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from forge.errors import ForgeError
-
-MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3)
-MAX_PARAM_KEY = 250
-PARAMS_PER_BATCH = 100
-METRICS_PER_BATCH = 1000
-
-
-# forge's internal metric keys -> the names MLflow shows; a "/" makes MLflow's chart page group a
-# section by prefix (train/, eval/, data/, system/), so a run opens on its curves in this order;
-# the training curves of every stage kind: pretrain/midtrain, sft (target_tokens, epoch), dpo
-# (rewards/chosen, rewards/margin, ...), rft (reward_mean, reward.<function>.mean, kl, ...)
-_METRIC_NAMES = [
-    (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens|target_tokens|epoch|completion_length|clip_fraction|kl"
-                r"|reward_mean|reward_std)"), r"train/\1"),
-    (re.compile(r"(tokens|repeats)\.(.+)"), r"train/\1/\2"),
-    (re.compile(r"rewards/(.+)"), r"train/rewards/\1"),
-    (re.compile(r"reward\.(.+)\.(mean|std)"), r"train/reward/\1/\2"),
-    (re.compile(r"eval_(.+)"), r"eval/\1"),
-    (re.compile(r"eval\.(.+)\.(loss|ppl)"), r"eval/\1/\2"),
-    (re.compile(r"hygiene\.(.+)"), lambda m: "data/hygiene/" + m.group(1).replace(".", "/")),
-]
-
-
-def metric_name(key: str) -> str:
-    """The MLflow name of one of forge's metric keys (`tokens.domain` -> `train/tokens/domain`);
-    keys outside the table (and names already holding a "/", like system/...) are kept."""
-    for pattern, name in _METRIC_NAMES:
-        m = pattern.fullmatch(key)
-        if m:
-            return m.expand(name) if isinstance(name, str) else name(m)
-    return key
-
-
-def _summary_value(v: Any) -> str:
-    """A single figure as a person reads it: 4 significant digits, thousands separated."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if isinstance(v, int) or float(v).is_integer() and abs(v) < 1e15:
-        return f"{int(v):,}"
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.3e}"
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
-    """{'optim': {'lr': 1e-4}} -> {'optim.lr': '0.0001'}; lists are indexed: stages.0.name."""
-    out: dict[str, str] = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(tree, (list, tuple)) and any(isinstance(v, (dict, list)) for v in tree):
-        for i, v in enumerate(tree):
-            out.update(flatten(v, f"{prefix}.{i}" if prefix else str(i)))
-    else:
-        out[prefix] = json.dumps(tree) if isinstance(tree, (list, tuple)) else str(tree)
-    return out
+from forge.track import registry
+from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
+                               metric_name, summary_value)
+from forge.track.store import fail_fast, prepare_sqlite_store
 
 
 class Tracker:
@@ -110,7 +52,7 @@ class Tracker:
             prepare_sqlite_store(db)
             artifact_dir = artifact_dir or str(db.parent / "mlartifacts")
         try:
-            with _fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
+            with fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
                 mlflow.set_tracking_uri(uri)
                 if mlflow.get_experiment_by_name(experiment) is None:
                     location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
@@ -251,7 +193,7 @@ class Tracker:
         if not self.enabled or not values:
             return
         run_id = run_id or self._mlflow.active_run().info.run_id
-        shown = {k: _summary_value(v) for k, v in values.items()}
+        shown = {k: summary_value(v) for k, v in values.items()}
         table = self._summaries.setdefault(run_id, {}).setdefault(section, {})
         new = {k: v for k, v in shown.items() if table.get(k) != v}
         table.update(shown)
@@ -319,61 +261,29 @@ class Tracker:
             parent = str(Path(artifact_file).parent)
             self._mlflow.log_artifact(str(p), None if parent == "." else parent)
 
-    # ---------------------------------------------------------------------- registry
+    # ------------------------------------------------------- registry (forge.track.registry)
     def register_model(self, model_dir: str | os.PathLike, name: str, alias: str,
                        tags: dict[str, str]) -> int | None:
         """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
-        if not self.enabled:
-            return None
-        import mlflow.transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        os.environ["HF_HUB_OFFLINE"] = "1"  # MLflow looks up a model card on the hub; a local model has none
-        logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)  # ...and warns that it found none
-        info = mlflow.transformers.log_model(
-            {"model": model, "tokenizer": tokenizer}, name="novella", task="text-generation",
-            registered_model_name=name, tags=tags, pip_requirements=_requirements(),
-        )
-        version = int(info.registered_model_version)
-        client = mlflow.MlflowClient()
-        client.set_registered_model_alias(name, alias, str(version))
-        for k, v in tags.items():
-            client.set_model_version_tag(name, str(version), k, str(v)[:5000])
-        return version
+        return registry.register_model(model_dir, name, alias, tags) if self.enabled else None
 
     def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
         """The version's description (Markdown, on its registry page); the registered model gets
         `model_markdown` (default: the same) when it has no description yet."""
-        if not self.enabled:
-            return
-        client = self._mlflow.MlflowClient()
-        client.update_model_version(name, str(version), description=markdown[:5000])
-        if not client.get_registered_model(name).description:
-            client.update_registered_model(name, description=(model_markdown or markdown)[:5000])
+        if self.enabled:
+            registry.describe_model(name, version, markdown, model_markdown)
 
-    # ---------------------------------------------------- registry aliases (forge.eval.registry)
     def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
         """The registered version holding `alias` and its tags; None if none does (or no such model)."""
-        if not self.enabled:
-            return None
-        try:
-            mv = self._mlflow.MlflowClient().get_model_version_by_alias(name, alias)
-        except self._mlflow.exceptions.MlflowException:
-            return None
-        return int(mv.version), dict(mv.tags)
+        return registry.alias_version(name, alias) if self.enabled else None
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         if self.enabled:
-            self._mlflow.MlflowClient().set_registered_model_alias(name, alias, str(version))
+            registry.set_alias(name, alias, version)
 
     def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
-        if not self.enabled:
-            return
-        client = self._mlflow.MlflowClient()
-        for k, v in tags.items():
-            client.set_model_version_tag(name, str(version), k, str(v)[:5000])
+        if self.enabled:
+            registry.set_version_tags(name, version, tags)
 
     def log_table(self, table: dict[str, list], artifact_file: str) -> None:
         """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
@@ -405,195 +315,6 @@ def _signals_deferred() -> Iterator[None]:
                 signal.raise_signal(signum)
 
 
-@contextlib.contextmanager
-def _fail_fast(uri: str) -> Iterator[None]:
-    """For an HTTP store: no retries and a short timeout while forge first reaches it."""
-    if not uri.startswith(("http://", "https://")):
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def prepare_sqlite_store(db: Path) -> None:
-    """Make sure `db` is a whole MLflow store of this MLflow's schema: create it in a temporary
-    file and link it into place when absent (or an empty file), else check it, failing at once
-    with what is wrong (never a half-built store, never a minute of retries)."""
-    import mlflow.store.db.utils as dbu
-
-    db = Path(db)
-    try:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ForgeError(f"MLflow store {db}: cannot create its folder: {e.strerror or e}") from None
-    for stale in db.parent.glob(f".{db.name}.*.tmp"):  # a creation a kill interrupted
-        pid = stale.name.split(".")[-2]
-        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
-            stale.unlink(missing_ok=True)
-    if not db.exists() or db.stat().st_size == 0:
-        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        try:
-            engine = dbu.create_sqlalchemy_engine(f"sqlite:///{tmp}")
-            try:
-                dbu._initialize_tables(engine)  # the whole schema, migrations included
-            finally:
-                engine.dispose()
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            if db.exists():  # an empty file holds nothing: replace it
-                os.replace(tmp, db)
-            else:
-                with contextlib.suppress(FileExistsError):  # another process linked a whole one first
-                    os.link(tmp, db)
-        except OSError as e:
-            raise ForgeError(f"MLflow store {db}: cannot create it: {e.strerror or e}") from None
-        except Exception as e:  # sqlalchemy.exc.OperationalError and kin: unwritable folder etc.
-            raise ForgeError(f"MLflow store {db}: cannot create it: {str(e).splitlines()[0][:300]}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-    head = dbu._get_latest_schema_revision()
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
-            rows = conn.execute("select version_num from alembic_version").fetchall()
-    except sqlite3.OperationalError as e:
-        if "locked" in str(e):
-            raise ForgeError(f"MLflow store {db}: locked by another process (waited 5 s); "
-                             "is another run using it?") from None
-        raise ForgeError(f"MLflow store {db}: not a usable MLflow database ({e}); move it aside "
-                         "(forge then makes a new one) or point tracking.uri elsewhere") from None
-    except sqlite3.DatabaseError as e:
-        raise ForgeError(f"MLflow store {db}: damaged or not an MLflow database ({e}); move it aside "
-                         "(forge then makes a new one) or point tracking.uri elsewhere") from None
-    found = rows[0][0] if len(rows) == 1 else None
-    if found != head:
-        raise ForgeError(f"MLflow store {db}: its schema is at revision {found}, this MLflow ({_mlflow_version()}) "
-                         f"expects {head}: half-built (a run killed while creating it) or made by another MLflow; "
-                         f"move it aside (forge then makes a new one), or upgrade it: mlflow db upgrade sqlite:///{db}")
-
-
-def _mlflow_version() -> str:
-    from importlib.metadata import version
-
-    return version("mlflow")
-
-
-def _requirements() -> list[str]:
-    """Pinned runtime needs of a logged model (MLflow's own guess imports torchvision, which forge lacks)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for pkg in ("torch", "transformers", "tokenizers", "safetensors", "accelerate"):
-        try:
-            out.append(f"{pkg}=={version(pkg).split('+')[0]}")
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def quiet_mlflow() -> None:
-    """MLflow's INFO lines ("creating initial database tables", ...) only clutter forge's output."""
-    import mlflow  # noqa: F401  (imported first: importing it resets its logger's level)
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-
-
 def null_tracker() -> Tracker:
     """For ranks other than 0, and for code paths that must not log."""
     return Tracker("", "", enabled=False)
-
-
-# ------------------------------------------------------------- export (forge.export)
-def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike) -> dict:
-    """Download a registered Novella (`models:/name@alias` or `models:/name/version`) into `dest`
-    as one Hugging Face folder (weights, config, tokenizer, lineage.json from its run).
-    Returns {'folder', 'name', 'version', 'run_id'}."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from forge.errors import ForgeError
-
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    ref = model_uri.removeprefix("models:/")
-    name, sep, alias = ref.partition("@")
-    try:
-        if sep:
-            mv = client.get_model_version_by_alias(name, alias)
-        else:
-            name, _, number = ref.partition("/")
-            mv = client.get_model_version(name, number)
-        raw = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(Path(dest) / "mlflow")))
-    except MlflowException as e:
-        raise ForgeError(f"{model_uri}: not found in {tracking_uri}: {e.message.splitlines()[0]}") from None
-    folder = Path(dest) / "model"
-    folder.mkdir(parents=True, exist_ok=True)
-    for part in (raw / "model", raw / "components" / "tokenizer"):  # mlflow.transformers' layout
-        for f in part.iterdir() if part.is_dir() else []:
-            os.replace(f, folder / f.name)
-    if mv.run_id:
-        try:
-            mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="lineage.json", dst_path=str(folder))
-        except MlflowException:
-            pass  # a model registered outside a forge pipeline has no lineage
-    return {"folder": folder, "name": mv.name, "version": str(mv.version), "run_id": mv.run_id}
-
-
-def registered_versions_of_run(run_id: str, tracking_uri: str) -> list[tuple[str, str]]:
-    """(name, version) of every registry version made from `run_id`."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from forge.errors import ForgeError
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    try:
-        client.get_run(run_id)
-    except MlflowException:
-        raise ForgeError(f"run {run_id}: no such MLflow run in {tracking_uri}") from None
-    return [(v.name, str(v.version)) for v in client.search_model_versions(f"run_id = '{run_id}'")]
-
-
-def find_novella_run(tracking_uri: str, lineage: dict) -> str | None:
-    """The pipeline run that wrote a Novella: its logged lineage.json equals the folder's."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    filter_ = f"tags.`forge.pipeline` = 'novella' and tags.`forge.recipe` = '{lineage.get('name', '')}'"
-    for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], filter_, max_results=50):
-            with tempfile.TemporaryDirectory() as tmp, contextlib.suppress(Exception):
-                path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="lineage.json",
-                                                           dst_path=tmp)
-                logged = json.loads(Path(path).read_text())
-                if logged.get("created") == lineage.get("created") and logged.get("base") == lineage.get("base"):
-                    return run.info.run_id
-    return None
-
-
-def log_export(tracking_uri: str, run_id: str, files: dict[str, dict], exported_uri: str) -> list[str]:
-    """Log an export's manifest/job request (`files`: artifact name -> dict) on the Novella's run,
-    tag the run and each registry version made from it with `exported_uri`; return 'name/version's."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient()
-    for artifact, data in files.items():
-        client.log_dict(run_id, data, f"export/{artifact}")
-    client.set_tag(run_id, "forge.exported_uri", exported_uri)
-    tagged = []
-    for v in client.search_model_versions(f"run_id = '{run_id}'"):
-        client.set_model_version_tag(v.name, str(v.version), "exported_uri", exported_uri)
-        tagged.append(f"{v.name}/{v.version}")
-    return tagged
