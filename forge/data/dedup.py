@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sqlite3
 import string
 import tempfile
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -26,6 +29,7 @@ import numpy as np
 _PUNCT = str.maketrans(dict.fromkeys(string.punctuation + "\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb",
                                      " "))
 _RNG_SEED = 0x5EED_F0E6
+RAM_KEYS = 1 << 18  # keys a SpillIndex holds in memory before it spills to disk (~3 MB)
 
 
 def words(text: str) -> list[str]:
@@ -36,7 +40,7 @@ def words(text: str) -> list[str]:
 class WordHasher:
     """64-bit blake2b hash per word, with a bounded cache (word frequencies are Zipfian)."""
 
-    def __init__(self, max_cache: int = 1 << 20):
+    def __init__(self, max_cache: int = 1 << 16):  # ~10 MB at most; the common words stay hot
         self._cache: dict[str, int] = {}
         self._max = max_cache
 
@@ -148,12 +152,148 @@ class CompactIndex:
         return self._keys
 
 
-class ExactIndex:
-    """64-bit blake2b digests of whitespace-normalised texts already seen (~12 bytes each;
-    a false match needs a 64-bit collision: about n^2 / 2^65, 3e-6 at ten million records)."""
+class BloomFilter:
+    """Fixed-size Bloom filter over already-mixed uint64 keys: `k` probes `h1 + i*h2` (Kirsch &
+    Mitzenmacher 2006). It answers "surely absent" for most keys that were never added, which spares
+    a disk lookup; false positives cost only that lookup, never a wrong answer."""
 
-    def __init__(self) -> None:
-        self._index = CompactIndex()
+    def __init__(self, bits_log2: int = 28, probes: int = 4):
+        self._mask = np.uint64((1 << bits_log2) - 1)
+        self._probes = np.arange(probes, dtype=np.uint64)[:, None]
+        self._bytes = np.zeros(1 << (bits_log2 - 3), dtype=np.uint8)
+
+    def _positions(self, keys: np.ndarray) -> np.ndarray:
+        h2 = (keys >> np.uint64(32)) | np.uint64(1)
+        return ((keys + self._probes * h2) & self._mask).ravel()
+
+    def add(self, keys: np.ndarray) -> None:
+        pos = self._positions(keys)
+        np.bitwise_or.at(self._bytes, pos >> np.uint64(3), np.left_shift(1, pos & np.uint64(7)).astype(np.uint8))
+
+    def maybe(self, keys: np.ndarray) -> np.ndarray:
+        """False where a key was surely never added."""
+        pos = self._positions(keys)
+        hit = (self._bytes[pos >> np.uint64(3)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1
+        return hit.reshape(len(self._probes), len(keys)).all(axis=0)
+
+
+class SpillIndex:
+    """Insert-only map from uint64 keys to int32 values whose memory does not grow with the data.
+
+    Up to `ram_keys` keys live in a `CompactIndex`; past that they move, sorted, into a SQLite
+    table in a private temporary folder (under `spill_dir`), fronted by a fixed-size `BloomFilter`
+    so that looking up a new key (the common case: most records are not duplicates) rarely touches
+    the disk. RAM: about 12 bytes a key up to `ram_keys` (3 MB at the default), plus the filter
+    (32 MB) and SQLite's page cache (16 MB) once spilled. SQLite rather than a hand-made on-disk
+    table: it is in the standard library, crash-safe and fast at sorted bulk inserts.
+    """
+
+    def __init__(self, ram_keys: int | None = None, spill_dir: str | os.PathLike | None = None):
+        self.ram_keys, self.spill_dir = ram_keys or RAM_KEYS, spill_dir
+        self._ram = CompactIndex()
+        self._db: sqlite3.Connection | None = None
+        self._bloom: BloomFilter | None = None
+        self._on_disk = 0
+
+    def __len__(self) -> int:
+        return len(self._ram) + self._on_disk
+
+    @property
+    def spilled(self) -> bool:
+        return self._db is not None
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The value of each key, or -1 where absent."""
+        out = self._ram.lookup(keys)
+        if self._db is not None:
+            ask = (out < 0) & self._bloom.maybe(keys)
+            if ask.any():
+                found = self._disk_get(keys[ask])
+                out[ask] = [found.get(k, -1) for k in keys[ask].view(np.int64).tolist()]
+        return out
+
+    def get(self, key: int) -> int:
+        """The value of one key, or -1 (a scalar fast path of `lookup`)."""
+        v = self._ram.get(key)
+        if v >= 0 or self._db is None:
+            return v
+        return int(self.lookup(np.array([key], dtype=np.uint64))[0])
+
+    def insert(self, keys, value: int = 0) -> None:
+        """Add keys (ints or a uint64 array) that `lookup` said were absent."""
+        self._ram.insert(keys, value)
+        if len(self._ram) > self.ram_keys:
+            self._spill()
+
+    def _spill(self) -> None:
+        keys = self._ram.sorted_keys()
+        vals = self._ram._vals
+        if self._db is None:
+            self._open()
+        self._db.execute("BEGIN")  # one transaction: autocommit would commit every row
+        try:
+            for i in range(0, len(keys), 1 << 16):  # in slices: Python ints for all keys would cost 70 B each
+                part = keys[i:i + (1 << 16)]
+                self._bloom.add(part)
+                self._db.executemany("INSERT OR IGNORE INTO k VALUES (?, ?)",
+                                     zip(part.view(np.int64).tolist(), vals[i:i + (1 << 16)].tolist()))
+        finally:
+            self._db.execute("COMMIT")
+        self._on_disk += len(keys)
+        self._ram = CompactIndex()
+
+    def _open(self) -> None:
+        folder = tempfile.mkdtemp(prefix="forge-dedup-", dir=self.spill_dir)
+        db = sqlite3.connect(os.path.join(folder, "index.db"), isolation_level=None, check_same_thread=False)
+        # A scratch index: nothing to recover after a crash, so no journal and no fsync.
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "cache_size=-16000", "temp_store=FILE"):
+            db.execute(f"PRAGMA {pragma}")
+        db.execute("CREATE TABLE k (key INTEGER PRIMARY KEY, val INTEGER) WITHOUT ROWID")
+        self._db, self._bloom = db, BloomFilter()
+        weakref.finalize(self, _drop_spill, db, folder)
+
+    def _disk_get(self, keys: np.ndarray) -> dict[int, int]:
+        found: dict[int, int] = {}
+        signed = keys.view(np.int64).tolist()
+        for i in range(0, len(signed), 500):  # SQLite's bound-parameter limit is 999 on old builds
+            part = signed[i:i + 500]
+            q = f"SELECT key, val FROM k WHERE key IN ({','.join('?' * len(part))})"
+            found.update(self._db.execute(q, part).fetchall())
+        return found
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All (keys, values), sorted by key (for `state()`; reads the spilled part back)."""
+        keys, vals = self._ram.sorted_keys(), self._ram._vals
+        if self._db is None:
+            return keys, vals
+        rows = np.array(self._db.execute("SELECT key, val FROM k").fetchall(), dtype=np.int64).reshape(-1, 2)
+        keys = np.concatenate([rows[:, 0].view(np.uint64), keys])
+        vals = np.concatenate([rows[:, 1].astype(np.int32), vals])
+        order = np.argsort(keys, kind="stable")
+        return keys[order], vals[order]
+
+    @classmethod
+    def from_sorted(cls, keys: np.ndarray, vals: np.ndarray | None = None, ram_keys: int | None = None,
+                    spill_dir=None) -> "SpillIndex":
+        index = cls(ram_keys, spill_dir)
+        index._ram = CompactIndex.from_sorted(keys, vals)
+        if len(keys) > index.ram_keys:
+            index._spill()
+        return index
+
+
+def _drop_spill(db: sqlite3.Connection, folder: str) -> None:
+    db.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class ExactIndex:
+    """64-bit blake2b digests of whitespace-normalised texts already seen (a `SpillIndex`; a false
+    match needs a 64-bit collision: about n^2 / 2^65, 3e-6 at ten million records)."""
+
+    def __init__(self, spill_dir: str | os.PathLike | None = None) -> None:
+        self.spill_dir = spill_dir
+        self._index = SpillIndex(spill_dir=spill_dir)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -170,10 +310,11 @@ class ExactIndex:
         return False
 
     def state(self) -> bytes:
-        return self._index.sorted_keys().astype("<u8").tobytes()
+        return self._index.items()[0].astype("<u8").tobytes()
 
     def load(self, blob: bytes) -> None:
-        self._index = CompactIndex.from_sorted(np.frombuffer(blob, dtype="<u8").astype(np.uint64))
+        keys = np.frombuffer(blob, dtype="<u8").astype(np.uint64)
+        self._index = SpillIndex.from_sorted(keys, spill_dir=self.spill_dir)
 
 
 @lru_cache(maxsize=None)
@@ -200,23 +341,25 @@ class MinHashLSH:
 
     A record is a near duplicate when some band of its signature equals a band of a kept
     record and the signatures agree on at least `threshold` of their positions (the
-    MinHash estimate of Jaccard similarity). Memory per kept record: 12 bytes per band (168 at
-    the defaults: 14 bands of 9 rows). Signatures (`4 * num_perm` bytes each) are needed only to
+    MinHash estimate of Jaccard similarity). The band keys (14 per kept record at the defaults:
+    14 bands of 9 rows) live in a `SpillIndex`, so their memory is bounded too. Signatures (`4 * num_perm` bytes each) are needed only to
     verify a band hit, so with `spill` (the default) every full chunk of them moves to an unlinked
-    temporary file and a hit reads its 512 bytes back; RAM holds one chunk (2 MB) of them.
+    temporary file (under `spill_dir`) and a hit reads its 512 bytes back; RAM holds one chunk
+    (2 MB) of them.
     """
 
     _CHUNK = 4096
 
-    def __init__(self, threshold: float = 0.8, num_perm: int = 128, spill: bool = True):
-        self.threshold, self.num_perm, self.spill = threshold, num_perm, spill
+    def __init__(self, threshold: float = 0.8, num_perm: int = 128, spill: bool = True,
+                 spill_dir: str | os.PathLike | None = None):
+        self.threshold, self.num_perm, self.spill, self.spill_dir = threshold, num_perm, spill, spill_dir
         self._file = None  # the spill file: chunk c at byte c * _CHUNK * num_perm * 4
         self.bands, self.rows = lsh_params(threshold, num_perm)
         rng = np.random.default_rng(_RNG_SEED + num_perm)
         self._a = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
         self._b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
         self._band_mul = rng.integers(0, 2**63, size=(self.bands, self.rows), dtype=np.uint64) | np.uint64(1)
-        self._buckets = CompactIndex()  # band key -> row of the first kept record with it
+        self._buckets = SpillIndex(spill_dir=spill_dir)  # band key -> row of the first kept record with it
         self._chunks: list[np.ndarray | None] = []  # None: that chunk is in the spill file
         self._n = 0
 
@@ -254,7 +397,7 @@ class MinHashLSH:
         for c, chunk in enumerate(self._chunks):
             if chunk is not None and (c + 1) * self._CHUNK <= self._n and c < len(self._chunks) - 1:
                 if self._file is None:
-                    self._file = tempfile.TemporaryFile(prefix="forge-minhash-")
+                    self._file = tempfile.TemporaryFile(prefix="forge-minhash-", dir=self.spill_dir)
                 os.pwrite(self._file.fileno(), chunk.tobytes(), c * self._CHUNK * self.num_perm * 4)
                 self._chunks[c] = None
 
@@ -297,7 +440,7 @@ class MinHashLSH:
         for i in range(0, self._n, self._CHUNK):
             self._chunks[i // self._CHUNK][: len(sigs[i:i + self._CHUNK])] = sigs[i:i + self._CHUNK]
         keys, first = np.unique(self._band_keys(sigs).ravel(), return_index=True)  # row-major: earliest row
-        self._buckets = CompactIndex.from_sorted(keys, (first // self.bands).astype(np.int32))
+        self._buckets = SpillIndex.from_sorted(keys, (first // self.bands).astype(np.int32), spill_dir=self.spill_dir)
         self._spill_full()
 
 

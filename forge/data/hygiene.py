@@ -15,6 +15,8 @@ Per record, in order:
 
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Iterator, Literal
@@ -134,17 +136,20 @@ class Hygiene:
     """Apply `HygieneConfig` to streams of `(record_number, text)`; see the module docstring.
 
     `eval_texts` (all evaluation sets of the recipe) are tokenised once into an n-gram index.
+    The dedup indexes keep a bounded part in memory and spill the rest under `spill_dir` (the
+    system's temporary folder when None), so memory does not grow with the corpus.
     `state_dict()` / `load_state_dict()` carry the dedup digests, MinHash signatures and
     counts (plain ints and bytes, no text) so that a resumed run drops exactly what an
     uninterrupted run would; the n-gram index is rebuilt from `eval_texts`.
     """
 
-    def __init__(self, cfg: HygieneConfig | None = None, eval_texts: Iterable[str] = ()):
+    def __init__(self, cfg: HygieneConfig | None = None, eval_texts: Iterable[str] = (),
+                 spill_dir: str | os.PathLike | None = None):
         self.cfg = cfg = cfg or HygieneConfig()
         self._types = cfg.pii_types or PII_TYPES
         self._hash = WordHasher()
-        self._exact = ExactIndex() if cfg.dedup != "off" else None
-        self._near = MinHashLSH(cfg.near_threshold, cfg.num_perm) if cfg.dedup == "near" else None
+        self._exact = ExactIndex(spill_dir) if cfg.dedup != "off" else None
+        self._near = MinHashLSH(cfg.near_threshold, cfg.num_perm, spill_dir=spill_dir) if cfg.dedup == "near" else None
         self._decontam = None
         if cfg.ngram:
             index = NgramIndex(eval_texts, cfg.ngram, cfg.decontam_min_ngram, self._hash)

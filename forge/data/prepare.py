@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -28,8 +29,10 @@ def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str
     cache = out_dir / f"clean-{key}"
     if not (cache / "stats.json").is_file():
         eval_texts = (text for n in evals for _, text in sources[n].records())
-        hygiene = Hygiene(cfg, eval_texts)
-        with atomic_dir(cache) as tmp:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # The dedup indexes spill beside the cache (in the run folder), and go when this ends.
+        with tempfile.TemporaryDirectory(prefix="dedup-", dir=out_dir) as spill, atomic_dir(cache) as tmp:
+            hygiene = Hygiene(cfg, eval_texts, spill_dir=spill)
             for name in todo:
                 with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
                     for number, text in hygiene.process(name, sources[name].records()):

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from forge.data.dedup import CompactIndex, MinHashLSH, WordHasher, lsh_params, shingles, words
+from forge.data import dedup
+from forge.data.dedup import BloomFilter, CompactIndex, MinHashLSH, SpillIndex, WordHasher, lsh_params, shingles, words
 from forge.data.hygiene import Hygiene, HygieneConfig
 from forge.errors import ForgeError
 
@@ -171,3 +172,56 @@ def test_minhash_signatures_spill_to_disk_with_identical_decisions():
     again.load(spilled.state())
     assert sum(c is not None for c in again._chunks) == 1
     assert [again.seen_or_add(s) for s in sigs[-50:]] == [True] * 50
+
+
+# ------------------------------------------------------------------ bounded memory
+
+def test_spill_index_moves_keys_to_disk_and_answers_like_a_dict(tmp_path):
+    """Past `ram_keys` the keys move to SQLite under spill_dir; answers equal a plain dict's, the
+    first value inserted for a key wins, and the folder goes with the index."""
+    keys = np.random.default_rng(1).integers(0, 2**64 - 1, size=5_000, dtype=np.uint64, endpoint=True)
+    keys[-3:] = [0, 2**63, 2**64 - 1]  # the signed/unsigned edges of SQLite's INTEGER
+    idx, ref = SpillIndex(ram_keys=700, spill_dir=tmp_path), {}
+    for i in range(0, len(keys), 250):
+        part = keys[i:i + 250]
+        new = part[idx.lookup(part) < 0]
+        idx.insert(np.unique(new), i)
+        for k in new.tolist():
+            ref.setdefault(k, i)
+    assert idx.spilled and len(idx) == len(ref) and len(idx._ram) <= 700
+    assert len(list(tmp_path.glob("forge-dedup-*/index.db"))) == 1
+    probe = np.concatenate([keys[::37], np.array([12345, 2**64 - 2], dtype=np.uint64)])
+    assert idx.lookup(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
+    assert [idx.get(k) for k in probe.tolist()[:20]] == [ref.get(k, -1) for k in probe.tolist()[:20]]
+    got_keys, got_vals = idx.items()
+    assert got_keys.tolist() == sorted(ref) and got_vals.tolist() == [ref[k] for k in sorted(ref)]
+    del idx
+    assert not list(tmp_path.iterdir())
+
+
+def test_bloom_filter_has_no_false_negatives_and_few_false_positives():
+    rng = np.random.default_rng(2)
+    added, other = rng.integers(0, 2**63, size=(2, 50_000), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    bloom = BloomFilter(bits_log2=20)
+    bloom.add(added)
+    assert bloom.maybe(added).all()
+    assert bloom.maybe(other).mean() < 0.02  # 4 probes, 50k keys in 1M bits: ~0.2% expected
+
+
+def test_spilled_hygiene_makes_the_same_decisions(monkeypatch, tmp_path):
+    """Exact and near dedup with indexes forced to spill after 100 keys drop exactly
+    the records an all-in-memory run drops, and resume from their state the same way."""
+    base = [doc(i, 60) for i in range(150)]
+    texts = base + [edit(t, 1, seed=i) for i, t in enumerate(base[:40])] + base[40:70]
+    random.Random(1).shuffle(texts)
+    cfg = HygieneConfig(pii="off")
+    in_ram = Hygiene(cfg)
+    expected = run(in_ram, "a", texts)
+    monkeypatch.setattr(dedup, "RAM_KEYS", 100)
+    spilled = Hygiene(cfg, spill_dir=tmp_path)
+    assert run(spilled, "a", texts) == expected
+    assert spilled._near._buckets.spilled and spilled._exact._index.spilled
+    assert spilled.stats == in_ram.stats and spilled.stats.exact_dups == 30 and spilled.stats.near_dups > 20
+    resumed = Hygiene(cfg, spill_dir=tmp_path)
+    resumed.load_state_dict(spilled.state_dict())
+    assert run(resumed, "a", base[:5] + [doc(999, 60)]) == [6]
