@@ -52,7 +52,8 @@ def _run(args) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with _run_folder(recipe, args, process_state()) as folder:
         try:
-            tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error)
+            tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error,
+                              system_metrics=recipe.tracking.system_metrics)
         except ForgeError:
             folder.forget()  # nothing ran: the folder stays as it was
             raise
@@ -72,10 +73,19 @@ def _run(args) -> int:
         if result.model_uri:
             print(f"model:   {result.model_uri} (version {result.version})")
         failed = _report_evaluation(result.evaluation)
+        print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
         if failed and args.strict:
             return 1
-        print(f"ui:      mlflow server --backend-store-uri {recipe.tracking_uri} --host 127.0.0.1 --port 5000")
     return 0
+
+
+def ui_command(recipe_path: str, recipe, overrides: list[str]) -> str:
+    """The `forge ui` line that opens this recipe's runs (overrides may have moved its store)."""
+    from shlex import quote
+
+    if recipe.tracking.uri:
+        return f"forge ui --tracking-uri {quote(recipe.tracking.uri)}"
+    return f"forge ui --output {quote(recipe.output)}" if overrides else f"forge ui {quote(recipe_path)}"
 
 
 def _run_folder(recipe, args, state):
@@ -150,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(p)
     p.set_defaults(func=eval_command.run)
+    from forge import ui  # `forge ui`
+
+    p = sub.add_parser("ui", help="open the MLflow UI on a run's store", description=ui.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ui.add_arguments(p)
+    p.set_defaults(func=ui.run)
     return parser
 
 

@@ -92,6 +92,7 @@ class Tracking(Strict):
                        description="deployment alias: moves to a version only if its gates pass and it beats the "
                                    "holder on eval.primary (every version gets 'candidate'; alias: candidate "
                                    "gives every run the alias, as before gates)")
+    system_metrics: bool = Field(False, description="log CPU, memory and GPU use per stage (MLflow system metrics)")
     on_error: Literal["fail", "buffer"] = Field("fail", description="the store failing mid-run: fail the run, or "
                                                 "keep training, buffer the records and retry")
 

@@ -20,6 +20,7 @@ from forge.lineage import new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
 from forge.stages.runner import PipelineState, RunIds, run_stage
+from forge.story import base_summary, pipeline_note, stage_row
 from forge.train.accel import process_state
 
 
@@ -56,13 +57,13 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
             if state.is_main_process:
                 runs.save()
             tracker.log_text(resolved, "recipe.resolved.yaml")
-            tracker.log_params({"recipe": recipe.name, "base": str(recipe.base), "stages": len(recipe.stages),
-                                "stage_kinds": ",".join(s.kind for s in recipe.stages)})
+            tracker.log_params({"recipe": recipe.name, "base": base_summary(new_lineage(recipe, "")["base"]["spec"]),
+                                "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
             inputs = prepare_inputs(recipe, out)
         if folder is not None and state.is_main_process:
             folder.check_inputs(input_fingerprints(recipe, inputs))
-        tracker.log_metrics(inputs.hygiene)
+        tracker.log_summary("data", inputs.hygiene)
         lineage = new_lineage(recipe, inputs.base)
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage["data"] = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
@@ -102,5 +103,8 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
             result.version = lineage["evaluation"].get("version")
             result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
         tracker.log_dict(lineage, "lineage.json")
-        tracker.log_metrics({f"novella.{k}": v for k, v in lineage["metrics"].items()})
+        tracker.log_summary("novella", lineage["metrics"])
+        rows = [stage_row(record, plans.get(record["name"])) for record in lineage["stages"]]
+        tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
+        tracker.describe(pipeline_note(lineage, rows, result.model_uri))
     return result

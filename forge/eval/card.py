@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forge.eval.registry import base_summary
+from forge.story import base_summary
 
 
 def _num(v) -> str:

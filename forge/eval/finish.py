@@ -10,10 +10,11 @@ from pathlib import Path
 
 from forge.eval.card import write_model_card
 from forge.eval.gates import GateResult, check_gates, passed
-from forge.eval.registry import Decision, base_summary, register
+from forge.eval.registry import Decision, register
 from forge.eval.report import format_table, plot, to_markdown
 from forge.eval.stage_eval import open_cache
 from forge.eval.suite import NOVELLA, START, Comparison, primary_metric, resolve_suite, run_suite
+from forge.story import base_summary, model_description, plan_line
 
 
 @dataclass
@@ -67,9 +68,10 @@ def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict
 def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str], skip: set[str] = frozenset()) -> None:
     """Parent run: the Novella's figures, the table (text, Markdown, JSON) and the chart; each stage
     run that was evaluated (and is not in `skip`, runs that got them when their stage ended): its
-    own figures."""
+    own figures. Single figures, so a summary (params `suite.*` and summary.json rows), not
+    one-point metric charts."""
     c = ev.comparison
-    tracker.log_metrics({f"suite.{k}": v for k, v in c.metrics[c.models[-1]].items()})
+    tracker.log_summary("suite", c.metrics[c.models[-1]])
     tracker.log_text(format_table(c), "eval/comparison.txt")
     tracker.log_text(to_markdown(c), "eval/comparison.md")
     tracker.log_dict(c.as_dict(), "eval/comparison.json")
@@ -77,7 +79,7 @@ def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str], skip: se
         tracker.log_artifact(plot(c, Path(tmp) / "comparison.png"), "eval")
     for label in c.models:
         if label in stage_runs and stage_runs[label] not in skip:
-            tracker.log_stage_metrics(stage_runs[label], {f"suite.{k}": v for k, v in c.metrics[label].items()})
+            tracker.log_summary("suite", c.metrics[label], run_id=stage_runs[label])
 
 
 def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path, sources: dict, base: Path,
@@ -105,7 +107,8 @@ def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path,
                 **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()},
                 **{f"forge.gate.{g.metric}": g.text for g in ev.gates},
                 **{f"forge.compute.{s}.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
-                   for s, c in lineage["compute"].items() for k, v in c.items()}}
+                   for s, c in lineage["compute"].items() for k, v in c.items()},
+                "forge.plan": "; ".join(f"{s.name}: {plan_line(plans.get(s.name))}" for s in recipe.stages)}
         value = ev.comparison.metrics[NOVELLA].get(ev.primary)
         if value is None:
             value = lineage["metrics"].get(ev.primary)
@@ -118,4 +121,8 @@ def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path,
     (Path(novella) / "lineage.json").write_text(json.dumps(lineage, indent=2))
     card = write_model_card(novella, lineage, suite.intended_use, suite.limitations)
     tracker.log_artifact(card)
+    version = lineage["evaluation"].get("version")
+    if version is not None:  # the version's page: the lineage in brief, then the card
+        tracker.describe_model(recipe.name, version, model_description(lineage, run_id, card.read_text()),
+                               model_description(lineage, run_id))
     return ev

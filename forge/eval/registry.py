@@ -56,12 +56,3 @@ def register(tracker, model_dir, name: str, alias: str, tags: dict[str, str], me
         tracker.set_version_tags(name, version, {f"forge.{alias}": "yes" if decision.promote else "no",
                                                  "forge.alias_decision": decision.reason})
     return version, decision
-
-
-def base_summary(spec) -> str:
-    """The base as a clean string: its path, or the scratch model in a few words."""
-    if isinstance(spec, str):
-        return spec
-    s = spec.get("scratch", spec) if isinstance(spec, dict) else spec
-    return (f"scratch {s.get('arch', 'llama')}: hidden {s['hidden_size']}, {s['layers']} layers, "
-            f"{s['heads']} heads, vocab {s['vocab_size']}, context {s['max_position']}")

@@ -1,6 +1,6 @@
 """`eval.after_each_stage`: the recipe's suite on each stage's output as soon as the stage ends,
 beside the starting checkpoint (the baseline for retention and domain gain). The figures go to
-the stage's MLflow run (`suite.<metric>`, stamped when the stage ended) and its lineage record,
+the stage's MLflow run (params `suite.<metric>` and summary.json rows, written when the stage ended) and its lineage record,
 and into the run folder's EvalCache, so the comparison at the end of the run and a `--resume`
 reuse them instead of evaluating again.
 """
@@ -22,7 +22,7 @@ def open_cache(suite, sources: dict, out: Path) -> EvalCache:
 def log_once(tracker, cache: EvalCache, run_id: str | None, folder: Path, metrics: dict[str, float]) -> None:
     """`suite.*` figures into a stage's run, unless that run already holds this model's figures."""
     if run_id and not cache.logged(folder, run_id):
-        tracker.log_stage_metrics(run_id, {f"suite.{k}": v for k, v in metrics.items()})
+        tracker.log_summary("suite", metrics, run_id=run_id)
         cache.mark_logged(folder, run_id)
 
 

@@ -1,4 +1,4 @@
-"""Presenting plans: a terminal table, JSON, the MLflow payload (plain data; forge/track.py logs
+"""Presenting plans: a terminal table, JSON, the MLflow payload (plain data; forge/track/ logs
 it), a PNG chart across targets, and the fit check `forge run` applies before a stage."""
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def to_json(plans: list[StagePlan]) -> str:
 
 
 def plan_tracking_payload(plan: StagePlan) -> tuple[dict, dict, dict]:
-    """(params, metrics, artifacts) for the stage's MLflow run; forge/track.py does the logging."""
+    """(params, metrics, artifacts) for the stage's MLflow run; forge/track/ does the logging."""
     params = {
         "plan.target": plan.target, "plan.chips": plan.chips, "plan.layout": plan.layout or "none",
         "plan.precision": plan.precision, "plan.feasible": plan.feasible, "plan.stack": plan.stack or "none",
@@ -114,34 +114,68 @@ def plan_tracking_payload(plan: StagePlan) -> tuple[dict, dict, dict]:
     return params, metrics, artifacts
 
 
-def plot_plans(plans: list[StagePlan], path: str | Path) -> Path:
-    """Bar chart of hours and cost per target (Agg canvas; no pyplot global state)."""
+def _hours_text(h: float) -> str:
+    s = h * 3600
+    return f"{s:.2g} s" if s < 90 else f"{s / 60:.2g} min" if s < 5400 else f"{h:,.3g} h"
+
+
+def _usd_text(v: float) -> str:
+    return f"${v:,.0f}" if v >= 100 else f"${v:.3g}"
+
+
+def plot_plans(plans: list[StagePlan], path: str | Path, measured_hours: dict[str, float] | None = None) -> Path:
+    """The chart of plan_figure as a PNG at `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plan_figure(plans, measured_hours).savefig(path, format="png")
+    return path
+
+
+def plan_figure(plans: list[StagePlan], measured_hours: dict[str, float] | None = None):
+    """Horizontal bars of wall-clock time and cost per target (Agg canvas; no pyplot global state).
+    Targets read on one axis; each bar carries its value, chips and layout; an axis is logarithmic
+    when its values span more than two orders of magnitude; `measured_hours` (target -> hours)
+    draws what a run measured beside the prediction."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     ok = [p for p in plans if p.feasible]
     multi_stage = len({p.stage for p in plans}) > 1
-    labels = [(f"{p.stage}: " if multi_stage else "") + f"{p.target}\n{p.chips} chips" for p in ok]
-    fig = Figure(figsize=(max(6.0, 1.6 * len(ok) + 2), 4.2), dpi=110)
+    labels = [(f"{p.stage}: " if multi_stage else "") + p.target for p in ok]
+    fig = Figure(figsize=(11.0, 1.4 + 0.55 * max(1, len(ok))), dpi=110)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    for ax, values, title in ((axes[0], [p.hours for p in ok], "wall-clock hours"),
-                              (axes[1], [p.cost_usd for p in ok], "cost (USD)")):
-        bars = ax.bar(range(len(ok)), values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok],
-                      yerr=[v * p.error_band for v, p in zip(values, ok)], capsize=3)
-        ax.set_xticks(range(len(ok)), labels, fontsize=7)
+    axes = fig.subplots(1, 2, sharey=True)
+    measured_hours = measured_hours or {}
+    axes[0].invert_yaxis()  # the first target on top (the axis is shared: inverted once)
+    for ax, values, title, unit, fmt in ((axes[0], [p.hours for p in ok], "wall-clock time", "hours", _hours_text),
+                                         (axes[1], [p.cost_usd for p in ok], "cost", "USD", _usd_text)):
+        y = list(range(len(ok)))
+        ax.barh(y, values, color=["#d9822b" if "trn" in p.target else "#4a7ab5" for p in ok],
+                xerr=[v * p.error_band for v, p in zip(values, ok)], capsize=3, height=0.6)
+        positive = [v for v in values if v > 0]
+        if positive and max(positive) / min(positive) > 100:
+            ax.set_xscale("log")
+        for i, (v, p) in enumerate(zip(values, ok)):
+            layout = f", {p.layout}" if p.layout and ax is axes[0] else ""
+            ax.annotate(f" {fmt(v)}  ({p.chips} chips{layout})", (v * (1 + p.error_band), i), va="center", fontsize=7,
+                        xytext=(2, 0), textcoords="offset points", clip_on=False)
+        if ax is axes[0]:
+            hits = [(i, measured_hours[p.target]) for i, p in enumerate(ok) if p.target in measured_hours]
+            if hits:
+                ax.plot([h for _, h in hits], [i for i, _ in hits], "kD", markersize=5, label="measured")
+                ax.legend(fontsize=7, loc="lower right")
+        ax.set_yticks(y, labels, fontsize=8)
         ax.set_title(title, fontsize=9)
-        ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 10 else f"{v:.2g}" for v in values], fontsize=7)
+        ax.set_xlabel(unit, fontsize=8)
+        ax.margins(x=0.9 if ax.get_xscale() == "log" else 0.6)  # room for the text after each bar
+        ax.tick_params(axis="x", labelsize=7)
     if plans:
         missing = [p.target for p in plans if not p.feasible]
         sub = f" (does not fit: {', '.join(missing)})" if missing else ""
         fig.suptitle(f"{plans[0].model}: {plans[0].kind} {_tokens(plans[0].tokens_processed)} tokens{sub}",
                      fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig
 
 
 def assert_plans_fit(plans: list[StagePlan], force: bool = False) -> list[str]:

@@ -1,6 +1,6 @@
 """What a running pipeline records about its plan: the plan and a cross-target chart before a
 stage, predicted vs measured step time / tokens/s / peak memory after it (also kept for
-`forge plan --calibrate`). Takes a tracker object; only forge/track.py talks to MLflow."""
+`forge plan --calibrate`). Takes a tracker object; only forge/track/ talks to MLflow."""
 from __future__ import annotations
 
 import tempfile
@@ -17,11 +17,16 @@ COMPARE_TARGETS = "trn3-ultraserver,trn2-ultraserver,p5.48xlarge,p5en.48xlarge,p
 def log_stage_plan(tracker, plan: StagePlan, comparison: list[StagePlan]) -> None:
     params, metrics, artifacts = plan_tracking_payload(plan)
     tracker.log_params(params)
-    tracker.log_metrics(metrics)
+    tracker.log_summary("plan", {k.removeprefix("plan."): v for k, v in metrics.items()})
     for name, data in artifacts.items():
         tracker.log_bytes(data, f"plan/{name}")
+    log_plan_chart(tracker, plan, comparison)
+
+
+def log_plan_chart(tracker, plan: StagePlan, comparison: list[StagePlan], measured_hours: dict | None = None) -> None:
+    """plan/plan_targets.png: the stage's plan across targets (and what it measured, once it has)."""
     with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png"), "plan")
+        tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png", measured_hours), "plan")
 
 
 def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, run_dir) -> dict:
@@ -32,7 +37,7 @@ def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, 
                 "peak_mem_bytes": metrics["peak_mem_bytes"], "flops_per_step": predicted["flops_per_step"],
                 "precision": stage.precision, "steps": steps}
     figures = comparison_metrics(predicted, measured)
-    tracker.log_metrics(figures)
+    tracker.log_summary("plan", {k.removeprefix("plan."): v for k, v in figures.items()})
     record_measurement(run_dir, predicted, measured, stage=stage.name, kind=stage.kind,
                        model=model_config.get("model_type", "?"))
     return figures

@@ -137,7 +137,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
     held = held[: stage.eval.max_blocks * stage.batch_size * s.world]  # the same pairs whatever the launch
     if not train:
         raise ForgeError(f"{where}: no preference pairs to train on in {stage.data} (all held out, too long or unlabelled)")
-    tracker.log_metrics({k: v for n, st in counts.items() for k, v in st.as_dict(f"data.{n}").items()})
+    tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
     live = None
     if stage.reference == "cached":
         with s.accelerator.main_process_first():
@@ -208,7 +208,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
                 if out.grad_norm is not None:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)
-                bar.set_postfix(loss=f"{out.loss:.3f}")
+                bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
             halt = agreed(stop.requested, s.accelerator)
             with meter.paused():
                 if held and stage.eval.every and step % stage.eval.every == 0 and not last:

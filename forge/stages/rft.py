@@ -167,6 +167,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
                    **mean_over_ranks(s.accelerator, {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]})}
             if step % stage.log_every == 0 or step == s.total_steps:
                 tracker.log_metrics(row, step=step)
+                bar.set_postfix(loss=f"{out.loss:.3f}", reward=f"{row['reward_mean']:.3f}")
             halt = agreed(stop.requested, s.accelerator)
             if step < s.total_steps and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
                 with meter.paused():

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Callable
 
 from forge.inputs import Inputs
-from forge.plan.runlog import log_measured, log_stage_plan
+from forge.plan.runlog import log_measured, log_plan_chart, log_stage_plan
 from forge.stages import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
+from forge.story import stage_note
 from forge.train.checkpoint import finished_result
 
 RUNS_FILE = "tracking.json"  # the output folder's MLflow run ids: {"parent": id, "stages": {name: id}}
@@ -83,6 +84,7 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
     if done is not None and p.runs.reopened and stage.name in p.runs.stages:
         p.log("  finished in an earlier run: reusing its checkpoint (and its MLflow run)")
         result = StageResult.from_dict(done)
+        merged = _merge_back(stage, checkpoint, result, stage_dir)
     else:
         run_id = p.runs.stages.get(stage.name) if p.runs.reopened else None
         tags = {"forge.stage": stage.kind, "forge.stage_index": str(index)}
@@ -99,10 +101,15 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log,
                                      p.run_id)
                 result = KINDS[stage.kind].runner()(stage, inputs)
-            tracker.log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+            tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
                 log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)
-    merged = _merge_back(stage, checkpoint, result, stage_dir)
+                if stage.name in p.plans and "train_seconds" in result.metrics:  # the chart, now with what ran
+                    plan = p.plans[stage.name]
+                    log_plan_chart(tracker, plan, p.comparison.get(stage.name, []),
+                                   {plan.target: result.metrics["train_seconds"] / 3600})
+            merged = _merge_back(stage, checkpoint, result, stage_dir)
+            tracker.describe(stage_note(stage, checkpoint, result, p.plans.get(stage.name), merged.get("merge")))
     p.outputs[stage.name] = result.checkpoint
     record = {"name": stage.name, "kind": stage.kind, "settings": stage.model_dump(mode="json"),
               "input_checkpoint": str(checkpoint), "output_checkpoint": str(result.checkpoint),

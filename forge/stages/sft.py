@@ -111,7 +111,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     if not train:
         raise ForgeError(f"{where}: no training examples in {stage.data} (all held out, too long or unlabelled)")
     held, _, _ = load_examples(stage, inputs.sources, tok, held_out=True)
-    tracker.log_metrics({f"{k}.{n}": v for n, st in counts.items() for k, v in st.as_dict(f"data.{n}").items()})
+    tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, pad_id, stage.seed)
     held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size, pad_id)[0] if held else []
@@ -157,7 +157,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
                 if out.grad_norm is not None:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)
-                bar.set_postfix(loss=f"{out.loss:.3f}")
+                bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
             halt = agreed(stop.requested, s.accelerator)
             with meter.paused():
                 if held_batches and stage.eval.every and step % stage.eval.every == 0 and not last:

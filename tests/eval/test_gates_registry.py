@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from forge.eval.card import model_card
 from forge.eval.gates import check_gates, passed
-from forge.eval.registry import base_summary, decide, register
+from forge.eval.registry import decide, register
 from forge.eval.report import format_table, to_markdown
 from forge.eval.suite import Comparison
 from forge.recipe_eval import EvalBlock
+from forge.story import base_summary
 
 
 def _suite(**gates):

@@ -33,7 +33,7 @@ def test_two_process_run_trains_on_twice_the_tokens_and_logs_once(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
     # the schedule advances once per optimizer step, whatever the number of processes
     child = next(r for r in runs if r.info.run_name == "cpt")
-    lrs = [m.value for m in mlflow.MlflowClient().get_metric_history(child.info.run_id, "lr")]
+    lrs = [m.value for m in mlflow.MlflowClient().get_metric_history(child.info.run_id, "train/lr")]
     assert lrs == pytest.approx([3e-3, 2e-3, 1e-3])
 
 

@@ -63,9 +63,9 @@ def test_mlflow_holds_parent_children_metrics_and_datasets(two_stage):
     by_name = {c.info.run_name: c for c in children}
     general, domain = by_name["general"], by_name["domain"]
     assert general.data.params["optim.lr"] == "0.003" and domain.data.params["precision"] == "bf16"
-    assert len(client.get_metric_history(general.info.run_id, "loss")) == 6
-    assert [m.step for m in client.get_metric_history(general.info.run_id, "eval_loss")] == [0, 3, 6]
-    assert client.get_metric_history(domain.info.run_id, "tokens.domain")[-1].value > 0
+    assert len(client.get_metric_history(general.info.run_id, "train/loss")) == 6
+    assert [m.step for m in client.get_metric_history(general.info.run_id, "eval/loss")] == [0, 3, 6]
+    assert client.get_metric_history(domain.info.run_id, "train/tokens/domain")[-1].value > 0
     assert {d.dataset.name for d in domain.inputs.dataset_inputs} == {"domain", "general"}
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"lineage.json", "recipe.resolved.yaml"} <= artifacts
@@ -75,9 +75,10 @@ def test_stage_runs_carry_plan_and_predicted_vs_measured(two_stage):
     client, _, children = _runs(two_stage)
     for child in children:
         assert child.data.params["plan.target"] == "local" and child.data.params["plan.chips"] == "1"
-        assert child.data.metrics["plan.hours"] > 0 and "plan.cost_usd" in child.data.metrics
-        assert child.data.metrics["plan.measured.step_time_s"] > 0
-        assert child.data.metrics["plan.predicted.step_time_s"] > 0
+        params = child.data.params  # single figures: params and the summary table, not one-point metrics
+        assert float(params["plan.hours"]) > 0 and "plan.cost_usd" in params
+        assert float(params["plan.measured.step_time_s"]) > 0 and float(params["plan.predicted.step_time_s"]) > 0
+        assert not any(k.startswith(("plan.", "final.")) for k in child.data.metrics)
         files = {a.path for a in client.list_artifacts(child.info.run_id, "plan")}
         assert {"plan/plan.json", "plan/plan.txt", "plan/plan_targets.png"} <= files
 
@@ -147,11 +148,59 @@ def test_proprietary_data_is_cleaned_and_secrets_never_logged(tmp_path):
     assert cli.main(["run", str(path)]) == 0
     loaded = load_recipe(path)
     _, parents, children = _runs(loaded)
-    metrics = parents[0].data.metrics
-    assert metrics["hygiene.pii.email"] == 60 and metrics["hygiene.pii.aws_access_key"] == 20
+    params = parents[0].data.params
+    assert params["data.hygiene.pii.email"] == "60" and params["data.hygiene.pii.aws_access_key"] == "20"
     lineage = json.loads((tmp_path / "out" / "novella" / "lineage.json").read_text())
     assert lineage["hygiene"]["hygiene.pii.email"] == 60 and "cleaned" in lineage["data"]["crm"]
     shares = lineage["stages"][0]["shares"]
     assert abs(shares["crm"] - 0.4) <= 0.02
     everything = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
     assert secret.encode() not in everything and key.encode() not in everything
+
+
+def test_run_page_groups_curves_and_has_no_one_point_charts(two_stage):
+    client, parents, children = _runs(two_stage)
+    for run in parents + children:
+        for key in run.data.metrics:
+            if not key.startswith(("train/", "eval/", "system/", "data/")):
+                raise AssertionError(f"{run.info.run_name}: metric {key!r} outside the chart sections")
+    for child in children:
+        one_point = [k for k in child.data.metrics if len(client.get_metric_history(child.info.run_id, k)) == 1
+                     and not k.startswith("train/")]  # a 1-step window may log train/ once; eval has start + end
+        assert one_point == [], one_point
+        summary = json.loads(open(client.download_artifacts(child.info.run_id, "summary.json")).read())
+        rows = {(r[0], r[1]): r[2] for r in summary["data"]}
+        assert ("plan", "hours") in rows and float(rows[("final", "eval_loss")]) > 0
+    assert {k for k in parents[0].data.metrics} == set()  # the parent has a table, not charts
+    stages = json.loads(open(client.download_artifacts(parents[0].info.run_id, "stages.json")).read())
+    assert [r[0] for r in stages["data"]] == ["general", "domain"]
+    assert {"planned_s", "measured_s", "eval_loss"} <= set(stages["columns"])
+
+
+def test_runs_and_registered_model_are_described(two_stage):
+    client, parents, children = _runs(two_stage)
+    note = parents[0].data.tags["mlflow.note.content"]
+    assert note.startswith("**tiny**: 2 stage(s) from `scratch llama") and "| general | pretrain |" in note
+    for child in children:
+        text = child.data.tags["mlflow.note.content"]
+        assert text.startswith(f"**{child.info.run_name}** (pretrain): 6 steps")
+        assert "- from: `" in text and "- plan: local, 1 chip(s)" in text and "eval loss" in text
+    version = client.get_model_version_by_alias("tiny", "champion")
+    assert version.tags["forge.base"].startswith("scratch llama: hidden 32, 2 layers") and "{" not in version.tags["forge.base"]
+    assert version.run_id == parents[0].info.run_id
+    assert version.tags["forge.plan"].startswith("general: local, 1 chip(s)") and "; domain: local" in version.tags["forge.plan"]
+    assert version.description.startswith("Novella **tiny**: scratch llama")
+    assert "## Evaluation" in version.description  # the model card follows the lineage in brief
+    model = client.get_registered_model("tiny").description
+    assert model.startswith("Novella **tiny**") and "## Evaluation" not in model
+
+
+def test_system_metrics_per_stage_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # a tiny stage lasts seconds
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=4)],
+                         tracking={"register_model": False, "system_metrics": True})
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 0
+    _, parents, children = _runs(load_recipe(path))
+    assert "system/cpu_utilization_percentage" in children[0].data.metrics
+    assert not any(k.startswith("system/") for k in parents[0].data.metrics)  # the stages', not the pipeline's

@@ -46,3 +46,15 @@ def test_pretrain_then_sft_with_merge_back(tmp_path):
     assert model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] > ids["input_ids"].shape[1]
     tables = list((out / "mlartifacts").rglob("samples/step-0000003.json"))
     assert len(tables) == 1 and len(json.loads(tables[0].read_text())["data"]) == 2
+
+    # the SFT stage's run reads like a pretraining one: curves grouped by section, single figures
+    # (data-format counts, final results) as summary params, a description naming the merge-back
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    sft_run = client.get_run(json.loads((out / "tracking.json").read_text())["stages"]["sft"])
+    assert {"train/loss", "train/lr", "train/epoch", "train/target_tokens"} <= set(sft_run.data.metrics)
+    assert all(k.startswith(("train/", "eval/", "system/")) for k in sft_run.data.metrics), sorted(sft_run.data.metrics)
+    assert int(sft_run.data.params["data.qa.examples"]) > 0 and "final.loss" in sft_run.data.params
+    note = sft_run.data.tags["mlflow.note.content"]
+    assert note.startswith("**sft** (sft): 3 steps") and "- merged back: 0.7 of the trained weights" in note
+    assert f"- to: `{merged}`" in note

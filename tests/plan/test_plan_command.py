@@ -109,6 +109,24 @@ def test_plot_skips_plans_that_do_not_fit(tmp_path):
     assert path.stat().st_size > 1000
 
 
+def test_plan_chart_reads_at_any_scale(tmp_path):
+    from forge.plan.report import plan_figure
+
+    cfg = load_model_config("llama-3.1-70b")
+    wl = W.pretrain("cpt", 4096, 64, tokens=1e12)
+    plans = [plan_stage(cfg, wl, t) for t in ("trn3-ultraserver", "trn2-ultraserver", "p5.48xlarge")]
+    plans.append(plan_stage(cfg, W.pretrain("cpt", 4096, 64, tokens=1e6), "p5.48xlarge"))  # a tiny one beside
+    fig = plan_figure(plans, measured_hours={"trn3-ultraserver": plans[0].hours * 1.2})
+    time_ax, cost_ax = fig.axes[:2]
+    assert [t.get_text() for t in time_ax.get_yticklabels()] == [p.target for p in plans]
+    assert time_ax.get_xscale() == "log" and cost_ax.get_xscale() == "log"  # spans orders of magnitude
+    texts = [t.get_text() for t in time_ax.texts]
+    assert f"({plans[0].chips} chips, {plans[0].layout})" in texts[0]
+    assert time_ax.get_legend().get_texts()[0].get_text() == "measured"
+    same = plan_figure(plans[:1])
+    assert same.axes[0].get_xscale() == "linear"
+
+
 def test_plan_recipe_dispatches_on_typed_stage_settings(tmp_path):
     from forge.recipe import MidtrainStage, PretrainStage, SoupStage
 

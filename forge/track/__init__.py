@@ -1,0 +1,23 @@
+"""The one place that talks to MLflow (only this package imports it).
+
+    tracker.py   the Tracker: runs (a parent per pipeline, a child per stage), params, metrics,
+                 summaries, descriptions, datasets, artifacts; store faults (fail or buffer)
+    names.py     metric names in chart sections (train/, eval/, data/, system/), single figures
+                 as text, flattened params, MLflow's limits (no MLflow import)
+    store.py     the SQLite store created whole and checked; a server reached without retries
+    registry.py  registering a Novella, aliases, version tags and descriptions
+    export.py    what `forge export` / `forge deploy` read from and record in MLflow
+
+Store faults: a SQLite store is created in a temporary file and linked into place whole (a kill
+never leaves half a schema), and an existing one is checked before use (damaged, half-built,
+another schema, locked: a forge error naming it, at once, not after MLflow's minute of retries).
+"""
+from forge.track.export import fetch_registered_model, find_novella_run, log_export, registered_versions_of_run
+from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
+                               metric_name, summary_value)
+from forge.track.store import prepare_sqlite_store, quiet_mlflow
+from forge.track.tracker import Tracker, null_tracker
+
+__all__ = ["MAX_PARAM_KEY", "MAX_PARAM_VALUE", "METRICS_PER_BATCH", "PARAMS_PER_BATCH", "Tracker",
+           "fetch_registered_model", "find_novella_run", "flatten", "log_export", "metric_name", "null_tracker",
+           "prepare_sqlite_store", "quiet_mlflow", "registered_versions_of_run", "summary_value"]

@@ -1,0 +1,320 @@
+"""The Tracker: forge's runs (one parent per pipeline, a nested child per stage), their params,
+metrics, summaries, descriptions, datasets and artifacts, and the registry calls, through MLflow.
+
+It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
+batches; only rank 0 logs (other ranks get a Tracker with `enabled=False`, which does nothing). A
+run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
+Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
+and retried while training goes on (`on_error="buffer"`), saying so.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+from forge.errors import ForgeError
+from forge.track import registry
+from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
+                               metric_name, summary_value)
+from forge.track.store import fail_fast, prepare_sqlite_store
+
+
+class Tracker:
+    """Runs, params, metrics, datasets, artifacts and the model registry, through MLflow."""
+
+    def __init__(self, uri: str, experiment: str, enabled: bool = True, artifact_dir: str | None = None,
+                 on_error: str = "fail", system_metrics: bool = False):
+        """`artifact_dir`: where a new experiment keeps artifacts (default: beside a SQLite store).
+        `on_error`: "fail" (a store failure mid-run stops the run) or "buffer" (keep training,
+        keep the records and retry them). `system_metrics`: nested (stage) runs log CPU, memory
+        and GPU use through MLflow's sampler."""
+        self.enabled, self.uri, self.experiment, self.on_error = enabled, uri, experiment, on_error
+        self.system_metrics = system_metrics
+        self._summaries: dict[str, dict[str, dict[str, str]]] = {}  # run id -> section -> name -> value
+        self._pending: list = []  # (what, call) the store refused, in order, for on_error="buffer"
+        self._buffered = 0
+        if not enabled:
+            return
+        import mlflow
+
+        self._mlflow = mlflow
+        # log_summary appends to a table artifact, which MLflow downloads first: no progress bars
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        if uri.startswith("sqlite:///"):
+            db = Path(uri.removeprefix("sqlite:///"))
+            prepare_sqlite_store(db)
+            artifact_dir = artifact_dir or str(db.parent / "mlartifacts")
+        try:
+            with fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
+                mlflow.set_tracking_uri(uri)
+                if mlflow.get_experiment_by_name(experiment) is None:
+                    location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
+                    mlflow.create_experiment(experiment, artifact_location=location)
+                mlflow.set_experiment(experiment)
+        except Exception as e:  # MlflowException, or the HTTP client's connection errors
+            raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
+
+    # ---------------------------------------------------------------------- store faults
+    def _call(self, what: str, fn, *args, **kwargs) -> None:
+        """Send one record to the store: retried later (buffer) or a forge error (fail) if it fails."""
+        if self._pending:
+            self._flush()
+        if self._pending:  # still failing: keep order, queue behind the others
+            self._pending.append((what, lambda: fn(*args, **kwargs)))
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            if self.on_error != "buffer":
+                raise ForgeError(f"MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]} "
+                                 f"({self.uri}); to keep training through store failures, set "
+                                 "tracking.on_error: buffer") from None
+            self._pending.append((what, lambda: fn(*args, **kwargs)))
+            self._buffered += 1
+            if self._buffered == 1:
+                print(f"forge: warning: MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]}; "
+                      "training goes on, buffering records and retrying", file=sys.stderr, flush=True)
+
+    def _flush(self) -> None:
+        while self._pending:
+            what, call = self._pending[0]
+            try:
+                call()
+            except Exception:
+                return
+            self._pending.pop(0)
+            if not self._pending:
+                print("forge: MLflow store reachable again: the buffered records were delivered", file=sys.stderr,
+                      flush=True)
+
+    # ---------------------------------------------------------------------------- runs
+    @contextlib.contextmanager
+    def run(self, name: str, tags: dict[str, str] | None = None, run_id: str | None = None) -> Iterator[str | None]:
+        """A run (nested under the active one, if any); FAILED with the message if the body raises,
+        KILLED if it was interrupted. `run_id`: reopen that run (a resumed stage continues its
+        own run, its metrics continuing from the step it stopped at)."""
+        if not self.enabled:
+            yield None
+            return
+        mlflow = self._mlflow
+        nested = mlflow.active_run() is not None
+        if run_id is not None:
+            run = mlflow.start_run(run_id=run_id, nested=nested, log_system_metrics=nested and self.system_metrics)
+            if tags:
+                mlflow.set_tags(tags)
+        else:
+            run = mlflow.start_run(run_name=name, nested=nested, tags=tags,
+                                   log_system_metrics=nested and self.system_metrics)
+        status = "FINISHED"
+        try:
+            yield run.info.run_id
+        except BaseException as e:
+            stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "stopped_on_request", False)
+            status = "KILLED" if stopped else "FAILED"
+            message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
+            if isinstance(e, SystemExit):
+                message = f"stopped with exit status {e.code} (terminated, or another process of the launch failed)"
+            # a second signal (the one that "stops at once") waits the few ms it takes to say why
+            with _signals_deferred(), contextlib.suppress(Exception):
+                mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
+            raise
+        finally:
+            # the run always ends, whatever else fails here: nothing is left RUNNING
+            self._flush()
+            if self._pending:
+                print(f"forge: warning: {len(self._pending)} record(s) could not be logged to the MLflow store "
+                      f"({', '.join(sorted({w for w, _ in self._pending}))}); they are lost", file=sys.stderr)
+                self._pending.clear()
+            try:
+                mlflow.flush_async_logging()
+            finally:
+                try:
+                    with _signals_deferred():  # a second signal must not leave the run RUNNING
+                        mlflow.end_run(status)
+                except Exception as e:  # the store is gone: never hide the error that got us here
+                    with contextlib.suppress(Exception):
+                        mlflow.tracking.fluent._active_run_stack.get().clear()
+                    print(f"forge: warning: could not mark the MLflow run {status} ({str(e).splitlines()[0][:200]}); "
+                          "the next run in this folder marks it FAILED", file=sys.stderr)
+
+    def run_status(self, run_id: str) -> str | None:
+        """'RUNNING', 'FINISHED', 'FAILED' or 'KILLED'; None if the store has no such run."""
+        if not self.enabled:
+            return None
+        try:
+            return self._mlflow.MlflowClient().get_run(run_id).info.status
+        except self._mlflow.exceptions.MlflowException:
+            return None
+
+    def end_stale(self, run_id: str, message: str) -> None:
+        """Mark a run that a killed process left RUNNING as FAILED, saying why."""
+        if not self.enabled:
+            return
+        client = self._mlflow.MlflowClient()
+        client.set_tag(run_id, "error", message[:5000])
+        client.set_tag(run_id, "mlflow.note.content", f"Failed: {message[:5000]}")
+        client.set_terminated(run_id, "FAILED")
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        if self.enabled:
+            self._call("tags", self._mlflow.set_tags, {k: str(v)[:5000] for k, v in tags.items()})
+
+    # ------------------------------------------------------------------- params, metrics
+    def log_params(self, params: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        flat = {k[:MAX_PARAM_KEY]: v[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
+        items = list(flat.items())
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            self._call("params", self._mlflow.log_params, dict(items[i:i + PARAMS_PER_BATCH]))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if not self.enabled or not metrics:
+            return
+        items = [(metric_name(k), float(v)) for k, v in metrics.items()]
+        for i in range(0, len(items), METRICS_PER_BATCH):
+            # asynchronous: a training step never waits on the store; flushed when the run ends
+            # (synchronous with on_error="buffer", so that a failure is seen and the batch kept)
+            self._call("metrics", self._mlflow.log_metrics, dict(items[i:i + METRICS_PER_BATCH]), step=step,
+                       synchronous=self.on_error == "buffer")
+
+    def log_summary(self, section: str, values: dict[str, Any], run_id: str | None = None) -> None:
+        """Single figures (final results, the plan, predicted vs measured, hygiene counts, the
+        evaluation): not one-point metric charts but params `section.name` and rows of the run's
+        `summary.json` table (section, name, value), readable on the run page and in the artifact
+        view. `run_id`: another run than the active one (a finished stage's, evaluated later)."""
+        if not self.enabled or not values:
+            return
+        run_id = run_id or self._mlflow.active_run().info.run_id
+        shown = {k: summary_value(v) for k, v in values.items()}
+        table = self._summaries.setdefault(run_id, {}).setdefault(section, {})
+        new = {k: v for k, v in shown.items() if table.get(k) != v}
+        table.update(shown)
+        try:
+            params = self._mlflow.MlflowClient().get_run(run_id).data.params
+        except Exception:  # the store is failing: the calls below fail or buffer, as configured
+            params = {}
+        # a param cannot change once logged (a resumed run): a changed figure stays in the table only
+        fresh = [(f"{section}.{k}"[:MAX_PARAM_KEY], v[:MAX_PARAM_VALUE]) for k, v in new.items()
+                 if f"{section}.{k}" not in params]
+        for i in range(0, len(fresh), PARAMS_PER_BATCH):
+            self._call("params", self._log_params_to, run_id, fresh[i:i + PARAMS_PER_BATCH])
+        if new:
+            rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
+            self._call("summary", self._log_table, rows, "summary.json", run_id)
+
+    def _log_params_to(self, run_id: str, params: list[tuple[str, str]]) -> None:
+        from mlflow.entities import Param
+
+        self._mlflow.MlflowClient().log_batch(run_id, params=[Param(k, v) for k, v in params])
+
+    def _log_table(self, rows: dict, artifact_file: str, run_id: str | None = None) -> None:
+        with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
+            warnings.simplefilter("ignore")
+            self._mlflow.log_table(rows, artifact_file=artifact_file, run_id=run_id)
+
+    def describe(self, markdown: str) -> None:
+        """The active run's description (MLflow's run note, shown at the top of the run page)."""
+        if self.enabled:
+            self._call("description", self._mlflow.set_tag, "mlflow.note.content", markdown[:5000])
+
+    # ------------------------------------------------------------------ data, artifacts
+    def log_dataset(self, name: str, path: str, digest: str, context: str = "train",
+                    tags: dict[str, str] | None = None) -> None:
+        """Record a data source as an MLflow dataset input (name, where it lives, content hash)."""
+        if not self.enabled:
+            return
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(path)
+        dataset = MetaDataset(source, name=name, digest=digest[:32])
+        self._call("datasets", self._mlflow.log_input, dataset, context=context, tags=tags)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self.enabled:
+            self._call(artifact_file, self._mlflow.log_text, text, artifact_file)
+
+    def log_dict(self, data: dict, artifact_file: str) -> None:
+        if self.enabled:
+            self._call(artifact_file, self._mlflow.log_dict, data, artifact_file)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        if self.enabled:
+            self._call(str(path), self._mlflow.log_artifact, str(path), artifact_path)
+
+    def log_bytes(self, data: bytes, artifact_file: str) -> None:
+        if not self.enabled:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / Path(artifact_file).name
+            p.write_bytes(data)
+            parent = str(Path(artifact_file).parent)
+            self._mlflow.log_artifact(str(p), None if parent == "." else parent)
+
+    # ------------------------------------------------------- registry (forge.track.registry)
+    def register_model(self, model_dir: str | os.PathLike, name: str, alias: str,
+                       tags: dict[str, str]) -> int | None:
+        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
+        return registry.register_model(model_dir, name, alias, tags) if self.enabled else None
+
+    def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
+        """The version's description (Markdown, on its registry page); the registered model gets
+        `model_markdown` (default: the same) when it has no description yet."""
+        if self.enabled:
+            registry.describe_model(name, version, markdown, model_markdown)
+
+    def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
+        """The registered version holding `alias` and its tags; None if none does (or no such model)."""
+        return registry.alias_version(name, alias) if self.enabled else None
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        if self.enabled:
+            registry.set_alias(name, alias, version)
+
+    def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
+        if self.enabled:
+            registry.set_version_tags(name, version, tags)
+
+    def log_table(self, table: dict[str, list], artifact_file: str) -> None:
+        """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
+        if self.enabled:
+            self._mlflow.log_table(data=table, artifact_file=artifact_file)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """A SIGTERM or SIGINT arriving during the block is held and handed to its handler at the end
+    (main thread only; Python runs signal handlers there, whichever thread the signal reached)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum, frame in caught[:1]:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def null_tracker() -> Tracker:
+    """For ranks other than 0, and for code paths that must not log."""
+    return Tracker("", "", enabled=False)

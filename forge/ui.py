@@ -1,0 +1,172 @@
+"""`forge ui`: the MLflow UI on the store a run used, opened on its experiment in the model-training view.
+
+Starts `mlflow server` (its own process group) on a recipe's store, an output folder's SQLite store
+or any tracking URI (a team's PostgreSQL database, say), waits until `/health` answers, prints the
+URL, and on Ctrl+C stops the server and everything it started.
+
+    forge ui recipes/quickstart.yaml
+    forge ui --output runs/quickstart --port 5050
+    forge ui --tracking-uri postgresql://mlflow@db.internal/mlflow --artifacts s3://bucket/mlflow
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import webbrowser
+from pathlib import Path
+
+from forge.errors import ForgeError
+
+DEFAULT_PORT = 5050  # not 5000: macOS gives that to AirPlay
+MODEL_TRAINING = "workflowType=machine_learning"  # MLflow 3 opens experiments in its GenAI view otherwise
+
+
+def add_arguments(p) -> None:
+    p.add_argument("recipe", nargs="?", help="a recipe: open the store it tracks to")
+    p.add_argument("--output", metavar="DIR", help="a run's output folder (its mlflow.db)")
+    p.add_argument("--tracking-uri", metavar="URI", help="any MLflow store, e.g. postgresql://user@host/db")
+    p.add_argument("--artifacts", metavar="URI", help="where the server keeps artifacts of new experiments "
+                   "(default: mlartifacts beside a SQLite store, else ./mlartifacts)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); 0.0.0.0 shares it")
+    p.add_argument("--workers", type=int, default=1, help="server worker processes (default 1: one viewer)")
+    p.add_argument("--open", action="store_true", help="open the URL in a browser, when one is available")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the server to answer")
+
+
+def resolve_store(args) -> tuple[str, str | None, str | None]:
+    """(tracking URI, experiment name or None, artifacts destination or None) from the arguments."""
+    given = [a for a in (args.recipe, args.output, args.tracking_uri) if a]
+    if len(given) != 1:
+        raise ForgeError("forge ui: give exactly one of RECIPE, --output DIR or --tracking-uri URI")
+    experiment = None
+    if args.recipe:
+        from forge.recipe import load_recipe
+
+        recipe = load_recipe(args.recipe, [])
+        uri, experiment = recipe.tracking_uri, recipe.experiment
+    elif args.output:
+        uri = f"sqlite:///{(Path(args.output) / 'mlflow.db').resolve()}"
+    else:
+        uri = args.tracking_uri
+    artifacts = args.artifacts
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            raise ForgeError(f"no MLflow store at {db}: run the recipe first (forge run RECIPE), "
+                             "or point at another with --output DIR / --tracking-uri URI")
+        artifacts = artifacts or str(db.parent / "mlartifacts")
+    return uri, experiment, artifacts
+
+
+def check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ForgeError(f"port {port} on {host} is in use ({e.strerror}): pick another with --port") from None
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (our own local server)
+        return r.read()
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            raise ForgeError(f"mlflow server stopped (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+        try:
+            if _get(f"{base}/health", timeout=2.0).strip() == b"OK":
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise ForgeError(f"mlflow server did not answer {base}/health within {timeout:.0f} s (log: {log})")
+
+
+def experiment_url(base: str, name: str | None) -> str:
+    """The experiment's page in the model-training view: the named one, else the store's most
+    recently updated one (an output folder holds one); the experiments list when there is none."""
+    try:
+        if name:
+            query = urllib.parse.urlencode({"experiment_name": name})
+            found = [json.loads(_get(f"{base}/ajax-api/2.0/mlflow/experiments/get-by-name?{query}", 30))["experiment"]]
+        else:
+            query = urllib.parse.urlencode({"max_results": 50, "order_by": "last_update_time DESC"})
+            found = json.loads(_get(f"{base}/ajax-api/2.0/mlflow/experiments/search?{query}", 30)).get("experiments", [])
+            found = [e for e in found if e["name"] != "Default"]
+        if found:
+            return f"{base}/#/experiments/{found[0]['experiment_id']}?{MODEL_TRAINING}"
+    except (OSError, KeyError, ValueError):
+        pass  # an older server or an empty store: the list still opens in the right view
+    return f"{base}/#/experiments?{MODEL_TRAINING}"
+
+
+def start(uri: str, host: str, port: int, artifacts: str | None, workers: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
+           "--port", str(port), "--workers", str(workers)]
+    if artifacts:
+        cmd += ["--artifacts-destination", artifacts]
+    env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    with open(log, "wb") as out:
+        # its own session: Ctrl+C reaches forge only, and stop() ends the whole group
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """End the server and every process it started (its process group)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; workers of the group may still be ending
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run(args) -> int:
+    uri, experiment, artifacts = resolve_store(args)
+    if uri.startswith(("http://", "https://")):
+        print(f"{uri} is already a tracking server: open {uri.rstrip('/')}/#/experiments?{MODEL_TRAINING}")
+        return 0
+    check_port(args.host, args.port)
+    base = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
+    log = Path(tempfile.mkdtemp(prefix="forge-ui-")) / "mlflow-server.log"
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    proc = start(uri, args.host, args.port, artifacts, args.workers, log)
+    try:
+        wait_healthy(base, proc, log, args.timeout)
+        url = experiment_url(base, experiment)
+        print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})", flush=True)
+        if args.open:
+            webbrowser.open(url)
+        proc.wait()
+        raise ForgeError(f"mlflow server stopped (exit {proc.returncode}); see {log}")
+    except KeyboardInterrupt:
+        print("stopping the MLflow UI", flush=True)
+        return 0
+    finally:
+        stop(proc)
+        signal.signal(signal.SIGTERM, previous)
