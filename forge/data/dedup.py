@@ -184,12 +184,14 @@ class SpillIndex:
     table in a private temporary folder (under `spill_dir`), fronted by a fixed-size `BloomFilter`
     so that looking up a new key (the common case: most records are not duplicates) rarely touches
     the disk. RAM: about 12 bytes a key up to `ram_keys` (3 MB at the default), plus the filter
-    (32 MB) and SQLite's page cache (16 MB) once spilled. SQLite rather than a hand-made on-disk
+    (32 MB by default) and SQLite's page cache (16 MB by default) once spilled. SQLite rather than a hand-made on-disk
     table: it is in the standard library, crash-safe and fast at sorted bulk inserts.
     """
 
-    def __init__(self, ram_keys: int | None = None, spill_dir: str | os.PathLike | None = None):
+    def __init__(self, ram_keys: int | None = None, spill_dir: str | os.PathLike | None = None,
+                 bloom_bits_log2: int = 28, cache_mb: int = 16):
         self.ram_keys, self.spill_dir = ram_keys or RAM_KEYS, spill_dir
+        self._bloom_bits_log2, self._cache_mb = bloom_bits_log2, cache_mb
         self._ram = CompactIndex()
         self._db: sqlite3.Connection | None = None
         self._bloom: BloomFilter | None = None
@@ -246,10 +248,10 @@ class SpillIndex:
         folder = tempfile.mkdtemp(prefix="forge-dedup-", dir=self.spill_dir)
         db = sqlite3.connect(os.path.join(folder, "index.db"), isolation_level=None, check_same_thread=False)
         # A scratch index: nothing to recover after a crash, so no journal and no fsync.
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", "cache_size=-16000", "temp_store=FILE"):
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{self._cache_mb * 1000}", "temp_store=FILE"):
             db.execute(f"PRAGMA {pragma}")
         db.execute("CREATE TABLE k (key INTEGER PRIMARY KEY, val INTEGER) WITHOUT ROWID")
-        self._db, self._bloom = db, BloomFilter()
+        self._db, self._bloom = db, BloomFilter(self._bloom_bits_log2)
         weakref.finalize(self, _drop_spill, db, folder)
 
     def _disk_get(self, keys: np.ndarray) -> dict[int, int]:
@@ -274,8 +276,8 @@ class SpillIndex:
 
     @classmethod
     def from_sorted(cls, keys: np.ndarray, vals: np.ndarray | None = None, ram_keys: int | None = None,
-                    spill_dir=None) -> "SpillIndex":
-        index = cls(ram_keys, spill_dir)
+                    spill_dir=None, **sizes) -> "SpillIndex":
+        index = cls(ram_keys, spill_dir, **sizes)
         index._ram = CompactIndex.from_sorted(keys, vals)
         if len(keys) > index.ram_keys:
             index._spill()
@@ -291,9 +293,11 @@ class ExactIndex:
     """64-bit blake2b digests of whitespace-normalised texts already seen (a `SpillIndex`; a false
     match needs a 64-bit collision: about n^2 / 2^65, 3e-6 at ten million records)."""
 
+    _SIZES = {"bloom_bits_log2": 25, "cache_mb": 4}  # one key a record, not 14: a smaller filter (4 MB)
+
     def __init__(self, spill_dir: str | os.PathLike | None = None) -> None:
         self.spill_dir = spill_dir
-        self._index = SpillIndex(spill_dir=spill_dir)
+        self._index = SpillIndex(spill_dir=spill_dir, **self._SIZES)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -314,7 +318,7 @@ class ExactIndex:
 
     def load(self, blob: bytes) -> None:
         keys = np.frombuffer(blob, dtype="<u8").astype(np.uint64)
-        self._index = SpillIndex.from_sorted(keys, spill_dir=self.spill_dir)
+        self._index = SpillIndex.from_sorted(keys, spill_dir=self.spill_dir, **self._SIZES)
 
 
 @lru_cache(maxsize=None)
