@@ -22,6 +22,7 @@ from forge.recipe import Recipe, resolved_yaml
 from forge.stages.runner import PipelineState, RunIds, run_stage
 from forge.story import base_summary, pipeline_note, stage_row
 from forge.train.accel import process_state
+from forge.train.memory import peak_rss_mb, reset_peak_rss
 
 
 @dataclass
@@ -59,11 +60,12 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
             tracker.log_text(resolved, "recipe.resolved.yaml")
             tracker.log_params({"recipe": recipe.name, "base": base_summary(new_lineage(recipe, "")["base"]["spec"]),
                                 "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
+        reset_peak_rss()
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
             inputs = prepare_inputs(recipe, out)
         if folder is not None and state.is_main_process:
             folder.check_inputs(input_fingerprints(recipe, inputs))
-        tracker.log_summary("data", inputs.hygiene)
+        tracker.log_summary("data", {**inputs.hygiene, "peak_rss_mb": peak_rss_mb()})  # reading, hygiene, caches
         lineage = new_lineage(recipe, inputs.base)
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage["data"] = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}

@@ -14,6 +14,7 @@ from forge.stages import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
 from forge.story import stage_note
 from forge.train.checkpoint import finished_result
+from forge.train.memory import peak_rss_mb, reset_peak_rss
 
 RUNS_FILE = "tracking.json"  # the output folder's MLflow run ids: {"parent": id, "stages": {name: id}}
 
@@ -100,7 +101,9 @@ def run_stage(index: int, stage, checkpoint: Path, p: PipelineState) -> tuple[St
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, p.resume, dict(p.outputs), p.log,
                                      p.run_id)
+                reset_peak_rss()
                 result = KINDS[stage.kind].runner()(stage, inputs)
+                result.metrics["peak_rss_mb"] = peak_rss_mb()  # this process's, while the stage trained
             tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
                 log_measured(tracker, p.model_config, stage, result.steps, result.metrics, stage_dir)

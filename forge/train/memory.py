@@ -38,6 +38,16 @@ def _reset_peak_rss() -> None:
         pass
 
 
+def peak_rss_mb() -> float:
+    """The process's resident high-water mark (since start or the last `reset_peak_rss`), in MiB."""
+    return round(_max_rss_bytes() / 2**20, 1)
+
+
+def reset_peak_rss() -> None:
+    """Start a new high-water mark, so a phase's peak is its own (Linux; elsewhere a no-op)."""
+    _reset_peak_rss()
+
+
 class PeakMemory:
     """On a GPU: torch's allocator peak. On CPU: growth of the process's peak RSS over the stage
     (an upper bound on what training allocated; libraries loaded before the stage do not count)."""
