@@ -7,8 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from forge.data import dedup
-from forge.data.dedup import BloomFilter, CompactIndex, MinHashLSH, SpillIndex, WordHasher, lsh_params, shingles, words
+from forge.data import keyindex
+from forge.data.dedup import MinHashLSH, WordHasher, lsh_params, shingles, words
+from forge.data.keyindex import BloomFilter, CompactIndex, SpillIndex
 from forge.data.hygiene import Hygiene, HygieneConfig
 from forge.errors import ForgeError
 
@@ -217,7 +218,7 @@ def test_spilled_hygiene_makes_the_same_decisions(monkeypatch, tmp_path):
     cfg = HygieneConfig(pii="off")
     in_ram = Hygiene(cfg)
     expected = run(in_ram, "a", texts)
-    monkeypatch.setattr(dedup, "RAM_KEYS", 100)
+    monkeypatch.setattr(keyindex, "RAM_KEYS", 100)
     spilled = Hygiene(cfg, spill_dir=tmp_path)
     assert run(spilled, "a", texts) == expected
     assert spilled._near._buckets.spilled and spilled._exact._index.spilled
