@@ -30,7 +30,7 @@ from forge.train.progress import progress
 from forge.train.session import load_model, open_session
 from forge.train.state import TrainState
 from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, StopRequested, agreed
+from forge.train.stop import GracefulStop, after_step
 
 IGNORE = -100
 
@@ -179,6 +179,11 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
         tracker.log_metrics(got, step=step)
         return got
 
+    def samples(step: int) -> None:
+        if s.accelerator.is_main_process:
+            log_dpo_samples(tracker, step, stage, s.accelerator.unwrap_model(s.model), tok, held, train, ref,
+                            live, pad_id, s.device)
+
     data = PairStream(len(train), stage.batch_size, stage.seed)
     guard = DivergenceGuard(stage.guard, where)
     state = TrainState(s.optimizer, s.scheduler, data, guard)
@@ -209,17 +214,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)
                 bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
-            halt = agreed(stop.requested, s.accelerator)
-            with meter.paused():
-                if held and stage.eval.every and step % stage.eval.every == 0 and not last:
-                    evaluate(step)
-                if stage.samples.every and step % stage.samples.every == 0 and s.accelerator.is_main_process:
-                    log_dpo_samples(tracker, step, stage, s.accelerator.unwrap_model(s.model), tok, held, train, ref,
-                                    live, pad_id, s.device)
-                if not last and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
-                    guard.last_good_checkpoint = s.save_resumable(state)
-            if halt and not last:
-                raise StopRequested(stage.name, step, guard.last_good_checkpoint)
+            after_step(s, stage, state, guard, stop, meter, step, evaluate if held else None, samples)
             bar.update(1)
     bar.close()
 

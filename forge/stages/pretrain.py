@@ -20,7 +20,7 @@ from forge.train.progress import progress
 from forge.train.session import open_session
 from forge.train.state import TrainState
 from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, StopRequested, agreed
+from forge.train.stop import GracefulStop, after_step
 
 
 def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
@@ -69,14 +69,7 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)
                 bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{tps:,.0f}")
-            halt = agreed(stop.requested, s.accelerator)
-            with meter.paused():
-                if held_out is not None and stage.eval.every and step % stage.eval.every == 0 and not last:
-                    evaluate(step)
-                if not last and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
-                    guard.last_good_checkpoint = s.save_resumable(state)
-            if halt and not last:
-                raise StopRequested(stage.name, step, guard.last_good_checkpoint)
+            after_step(s, stage, state, guard, stop, meter, step, evaluate if held_out is not None else None)
             bar.update(1)
     bar.close()
 

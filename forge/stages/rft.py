@@ -29,7 +29,7 @@ from forge.train.progress import progress
 from forge.train.session import load_model, open_session
 from forge.train.state import TrainState
 from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, StopRequested, agreed
+from forge.train.stop import GracefulStop, after_step
 
 
 class PromptStream:
@@ -168,12 +168,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             if step % stage.log_every == 0 or step == s.total_steps:
                 tracker.log_metrics(row, step=step)
                 bar.set_postfix(loss=f"{out.loss:.3f}", reward=f"{row['reward_mean']:.3f}")
-            halt = agreed(stop.requested, s.accelerator)
-            if step < s.total_steps and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
-                with meter.paused():
-                    guard.last_good_checkpoint = s.save_resumable(state)
-            if halt and step < s.total_steps:
-                raise StopRequested(stage.name, step, guard.last_good_checkpoint)
+            after_step(s, stage, state, guard, stop, meter, step)  # rft's samples come with its rollouts
             bar.update(1)
     bar.close()
 

@@ -26,7 +26,7 @@ from forge.train.progress import progress
 from forge.train.session import open_session
 from forge.train.state import TrainState
 from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, StopRequested, agreed
+from forge.train.stop import GracefulStop, after_step
 
 
 class SftStream:
@@ -158,16 +158,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
                     row["grad_norm"] = out.grad_norm
                 tracker.log_metrics(row, step=step)
                 bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
-            halt = agreed(stop.requested, s.accelerator)
-            with meter.paused():
-                if held_batches and stage.eval.every and step % stage.eval.every == 0 and not last:
-                    evaluate(step)
-                if stage.samples.every and step % stage.samples.every == 0:
-                    samples(step)
-                if not last and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
-                    guard.last_good_checkpoint = s.save_resumable(state)
-            if halt and not last:
-                raise StopRequested(stage.name, step, guard.last_good_checkpoint)
+            after_step(s, stage, state, guard, stop, meter, step, evaluate if held_batches else None, samples)
             bar.update(1)
     bar.close()
 
