@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from bench_hygiene import bench_hygiene  # noqa: E402
-from forge.data.formats import FormatSpec, FormatStats, sft_examples  # noqa: E402
+from forge.data.examples import sft_examples  # noqa: E402
+from forge.data.formats import FormatSpec, FormatStats  # noqa: E402
 from forge.data.mixing import build_mixture  # noqa: E402
 from forge.data.packing import pack_best_fit, pack_next_fit, packing_efficiency, pad_batches  # noqa: E402
 from forge.inputs import resolve_source  # noqa: E402

@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from bench_data import DATA, TOKENIZER, forge_pass  # noqa: E402
-from forge.data.formats import FormatSpec, FormatStats, sft_examples  # noqa: E402
+from forge.data.examples import sft_examples  # noqa: E402
+from forge.data.formats import FormatSpec, FormatStats  # noqa: E402
 from forge.data.packing import pack_best_fit  # noqa: E402
 from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource, SftStage  # noqa: E402

@@ -1,4 +1,5 @@
-"""SFT and preference record formats: map rows to chat messages and tokenize them with loss labels.
+"""SFT and preference record formats: map rows to chat messages and tokenize them with loss labels
+(`forge.data.examples` streams training examples from rows with them).
 
 A row (one JSON object) becomes chat messages by its format (`messages`, `instruction`,
 `prompt_completion`, `preference`, `hh`), with record field names set by the recipe. Messages are
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from itertools import islice
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -327,93 +327,3 @@ def tokenize_sft(messages: list[dict], tokenizer_or_encoder, spec: FormatSpec, s
     enc = tokenizer_or_encoder if isinstance(tokenizer_or_encoder, ChatEncoder) else ChatEncoder(tokenizer_or_encoder, spec)
     ids, labels = enc.encode(messages, where, limit=seq_len + 1)
     return _fit(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())
-
-
-def _keep_reply(ids: list[int], labels: list[int], seq_len: int, stats: FormatStats) -> tuple[list[int], list[int]]:
-    """A too-long preference sequence loses the start of its prompt (after the first token), not
-    the end of its reply: the reply is what the pair compares (TRL's `keep_end`). A reply that
-    alone overflows is left to the usual cut from the right."""
-    cut = len(ids) - seq_len
-    first = next((i for i, x in enumerate(labels) if x != IGNORE), len(ids))
-    if cut <= 0 or first - cut < 1:
-        return ids, labels
-    stats.truncated += 1
-    return ids[:1] + ids[1 + cut:], labels[:1] + labels[1 + cut:]
-
-
-def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[dict], encoder: ChatEncoder,
-                        spec: FormatSpec, seq_len: int, stats: FormatStats, where: str = "") -> dict | None:
-    """chosen_/rejected_ input_ids and labels (labels on the reply only); None if either is dropped."""
-    prepared = [encoder.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
-    return _pair(encoder.encode_prepared(prepared, _pair_limit(spec, seq_len)), spec, seq_len, stats)
-
-
-def _pair_limit(spec: FormatSpec, seq_len: int) -> int | None:
-    """How many tokens of a pair's sequence to encode: all of them when a long one keeps its reply's
-    end (`too_long: truncate`), else just enough to tell that it overflows."""
-    return None if spec.too_long == "truncate" else seq_len + 1
-
-
-def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len: int, stats: FormatStats):
-    out = {}
-    for name, (ids, labels) in zip(("chosen", "rejected"), encoded):
-        if spec.too_long == "truncate":
-            ids, labels = _keep_reply(ids, labels, seq_len, stats)
-        ex = _fit(ids, labels, seq_len, spec.too_long, stats)
-        if ex is None:
-            return None
-        out[f"{name}_input_ids"], out[f"{name}_labels"] = ex["input_ids"], ex["labels"]
-    return out
-
-
-# ------------------------------------------------------------------------------------ streaming
-def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, prepare, finish,
-             encoder: ChatEncoder, limit: int | None, on_error: str, max_errors: int, chunk: int = 64):
-    """Rows -> examples, `chunk` rows at a time: each row's conversations rendered (a bad record raises
-    or is counted), then all of them tokenized in one batch, then finished in order."""
-    rows = iter(rows)
-    while batch := list(islice(rows, chunk)):
-        ready = []
-        for _record, where, row in batch:
-            stats.records += 1
-            try:
-                ready.append(prepare(row, where))
-            except RecordError as e:
-                if on_error == "fail":
-                    raise
-                stats.skipped_errors += 1
-                if len(stats.errors) < 5:
-                    stats.errors.append(str(e))
-                if stats.skipped_errors > max_errors:
-                    raise ForgeError(f"data source {source_name!r}: more than {max_errors} bad records "
-                                     f"(on_error: skip, max_errors: {max_errors}); first: {stats.errors[0]}; "
-                                     f"last: {e}") from None
-        encoded = iter(encoder.encode_prepared([p for items in ready for p in items], limit))
-        for items in ready:
-            ex = finish([next(encoded) for _ in items])
-            if ex is not None:
-                stats.examples += 1
-                yield ex
-
-
-def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                 source_name: str, stats: FormatStats, on_error: str = "fail", max_errors: int = 100) -> Iterator[dict]:
-    """Stream {'input_ids', 'labels'} from (record number, 'file:line N', row) triples. A bad record
-    raises, or with on_error 'skip' is counted (more than `max_errors` still raise)."""
-    enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, source_name, stats, lambda row, where: [enc.prepare(to_messages(row, spec, where), where)],
-                    lambda done: _fit(*done[0], seq_len, spec.too_long, stats), enc, seq_len + 1, on_error, max_errors)
-
-
-def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                        source_name: str, stats: FormatStats, on_error: str = "fail",
-                        max_errors: int = 100) -> Iterator[dict]:
-    """Stream tokenized preference pairs (see tokenize_preference)."""
-    enc = ChatEncoder(tokenizer, spec)
-
-    def prepare(row, where):
-        prompt, chosen, rejected = to_preference(row, spec, where)
-        return [enc.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
-
-    return _records(rows, source_name, stats, prepare, lambda done: _pair(done, spec, seq_len, stats), enc,
-                    _pair_limit(spec, seq_len), on_error, max_errors)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from forge.data.formats import FormatStats, preference_examples, resolve_chat_template
+from forge.data.examples import preference_examples
+from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe_train import DpoStage
 from forge.stages.chat import chat_spec, lora_wrap, mean_over_ranks, save_final, split_rows

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from forge.data.formats import ChatEncoder, FormatStats, resolve_chat_template, sft_examples, to_messages
+from forge.data.examples import sft_examples
+from forge.data.formats import ChatEncoder, FormatStats, resolve_chat_template, to_messages
 from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
 from forge.recipe_train import SftStage

@@ -9,9 +9,9 @@ from itertools import islice
 
 import pytest
 
+from forge.data.examples import preference_examples, sft_examples
 from forge.data.formats import (
-    DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, preference_examples,
-    sft_examples, to_messages, to_preference, tokenize_sft,
+    DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, to_messages, to_preference, tokenize_sft,
 )
 from forge.inputs import resolve_source
 from forge.errors import ForgeError

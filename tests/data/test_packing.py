@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from forge.data.formats import FormatSpec, FormatStats, sft_examples
+from forge.data.examples import sft_examples
+from forge.data.formats import FormatSpec, FormatStats
 from forge.data.packing import (
     collate, pack_best_fit, pack_next_fit, pack_stream, packing_efficiency, pad_batches,
 )
