@@ -34,6 +34,19 @@ def pretrain_stage(name="cpt", mixture=None, **kw) -> dict:
     return stage
 
 
+class Recorder:
+    """A tracker that keeps each logged metrics row as (step, metrics)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+    def set_tags(self, tags):
+        pass
+
+
 def run_stage(stage, checkpoint, sources, out, tracker=None, resume=False, outputs=None):
     """Run one stage directly (no pipeline), as the runner would."""
     from forge.stages import KINDS

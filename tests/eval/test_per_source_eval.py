@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import math
 
-from forge_testing import pretrain_stage, run_stage
+from forge_testing import Recorder, pretrain_stage, run_stage
 from forge.recipe import PretrainStage
-
-
-class Recorder:
-    def __init__(self):
-        self.rows = []
-
-    def log_metrics(self, metrics, step=None):
-        self.rows.append((step, dict(metrics)))
-
-    def set_tags(self, tags):
-        pass
 
 
 def test_per_source_losses_average_back_to_the_mixed_loss(tmp_path, tiny_checkpoint, generated_sources):

@@ -5,22 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forge_testing import REPO, run_stage
+from forge_testing import REPO, Recorder, run_stage
 from forge.inputs import prepare_inputs
 from forge.recipe import load_recipe
 
 OVERRIDES = ["stages[0].max_tokens=null", "stages[0].max_steps=20", "stages[0].schedule.warmup_steps=5"]
-
-
-class Recorder:
-    def __init__(self):
-        self.rows = []
-
-    def log_metrics(self, metrics, step=None):
-        self.rows.append((step, dict(metrics)))
-
-    def set_tags(self, tags):
-        pass
 
 
 def test_quickstart_first_20_steps_match_the_recorded_losses(tmp_path):
