@@ -7,7 +7,7 @@ from forge.errors import ForgeError
 from forge.eval.evaluators import load_custom
 from forge.pyfunc import load_function
 from forge.stages.rewards import Reward
-from forge.recipe_train import RewardSource
+from forge.recipe.settings import RewardSource
 
 
 def test_files_modules_and_errors_naming_field_and_spec(tmp_path):

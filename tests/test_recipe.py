@@ -8,7 +8,7 @@ import pytest
 from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 from forge.errors import ForgeError
 from forge.recipe import load_recipe, resolved_yaml
-from forge.recipe_errors import parse_path
+from forge.recipe.errors import parse_path
 
 
 def _error(path: Path, overrides=None) -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from forge.errors import ForgeError
-from forge.recipe_data import DataSource, Strict
-from forge.recipe_eval import EvalBlock
+from forge.recipe.data import DataSource, Strict
+from forge.recipe.eval import EvalBlock
 
 
 class SuiteFile(Strict):
@@ -42,9 +42,9 @@ def add_arguments(p) -> None:
 
 def _load_suite(path: str):
     from forge.inputs import resolve_source
-    from forge.recipe import _resolve_paths
-    from forge.recipe_errors import format_errors
-    from forge.recipe_yaml import read_recipe_yaml
+    from forge.recipe import resolve_paths
+    from forge.recipe.errors import format_errors
+    from forge.recipe.yaml import read_recipe_yaml
 
     file = Path(path)
     if not file.is_file():
@@ -52,7 +52,7 @@ def _load_suite(path: str):
     raw, lines = read_recipe_yaml(file)  # the recipe's safe reader: encoding, duplicate keys, alias bombs
     if not isinstance(raw, dict):
         raise ForgeError(f"{path}: a suite is a YAML mapping with data: and eval:")
-    raw = _resolve_paths(raw, file.parent.resolve())
+    raw = resolve_paths(raw, file.parent.resolve())
     try:
         spec = SuiteFile.model_validate(raw)
     except ValidationError as e:

@@ -1,10 +1,10 @@
-"""Gates: the recipe's thresholds on the Novella's evaluation (forge.recipe_eval.Gates). Each
+"""Gates: the recipe's thresholds on the Novella's evaluation (forge.recipe.eval.Gates). Each
 check says which gate, on which metric, the value, the limit and by how much it failed."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from forge.recipe_eval import EvalBlock
+from forge.recipe.eval import EvalBlock
 
 
 @dataclass

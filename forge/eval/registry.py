@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from forge.recipe_eval import higher_is_better
+from forge.recipe.eval import higher_is_better
 
 CANDIDATE = "candidate"
 PRIMARY_METRIC, PRIMARY_VALUE = "forge.primary_metric", "forge.primary_value"

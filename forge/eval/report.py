@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from forge.eval.suite import Comparison
-from forge.recipe_eval import higher_is_better
+from forge.recipe.eval import higher_is_better
 
 
 def _fmt(v: float | None) -> str:

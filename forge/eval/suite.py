@@ -15,7 +15,7 @@ from forge.errors import ForgeError
 from forge.eval import evaluators as E
 from forge.eval.perplexity import source_blocks
 from forge.eval.reward import load_rewards, mean_reward
-from forge.recipe_eval import EvalBlock
+from forge.recipe.eval import EvalBlock
 
 SCHEMA = "forge.eval/1"
 START, NOVELLA = "start", "novella"  # the labels of the starting checkpoint and the Novella in a run's comparison

@@ -2,7 +2,7 @@
 
 The recipe schema builds `stages[i]` from it, the pipeline finds a stage's `run` through it, and the
 planner turns a stage's typed settings into a workload with it. Adding a kind means one settings
-class (forge/recipe_train.py), one stage file, one workload function here, and one row below.
+class (forge/recipe/settings.py), one stage file, one workload function here, and one row below.
 
 A stage is `run(stage, inputs: StageInputs) -> StageResult` (forge/stages/result.py): it takes a
 checkpoint, data and settings and returns a checkpoint and metrics; it never knows its neighbours.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forge.plan import workloads as W
-from forge.recipe_train import DpoStage, MidtrainStage, PretrainStage, RftStage, SftStage, SoupStage, TrainSettings
+from forge.recipe.settings import DpoStage, MidtrainStage, PretrainStage, RftStage, SftStage, SoupStage, TrainSettings
 
 
 def _lm_workload(stage: PretrainStage, dp_world: int, precision: str | None) -> W.Workload:

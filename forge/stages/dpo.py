@@ -20,7 +20,7 @@ import torch
 from forge.data.examples import preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
-from forge.recipe_train import DpoStage
+from forge.recipe.settings import DpoStage
 from forge.stages.chat import chat_spec, lora_wrap, mean_over_ranks, save_final, split_rows
 from forge.stages.dpo_samples import log_dpo_samples
 from forge.stages.result import StageInputs, StageResult

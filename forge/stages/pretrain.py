@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from forge.data.mixing import build_mixture
 from forge.eval.perplexity import loss_metrics, source_blocks, source_losses
-from forge.recipe_train import MidtrainStage, PretrainStage
+from forge.recipe.settings import MidtrainStage, PretrainStage
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import split_state
 from forge.train.context import extend_context

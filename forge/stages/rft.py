@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
-from forge.recipe_train import RftStage
+from forge.recipe.settings import RftStage
 from forge.stages.chat import log_samples, lora_wrap, mean_over_ranks, save_final, split_rows
 from forge.stages.generation import completion_batch, make_generator
 from forge.stages.result import StageInputs, StageResult

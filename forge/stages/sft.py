@@ -17,7 +17,7 @@ from forge.data.examples import sft_examples
 from forge.data.formats import ChatEncoder, FormatStats, resolve_chat_template, to_messages
 from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
-from forge.recipe_train import SftStage
+from forge.recipe.settings import SftStage
 from forge.stages.chat import chat_spec, generate, log_samples, lora_wrap, save_final, split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import split_state

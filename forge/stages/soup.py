@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forge.recipe_train import SoupStage
+from forge.recipe.settings import SoupStage
 from forge.stages.result import StageInputs, StageResult
 from forge.train.accel import process_state
 from forge.train.checkpoint import STATE

@@ -6,7 +6,7 @@ from forge.eval.gates import check_gates, passed
 from forge.eval.registry import decide, register
 from forge.eval.report import format_table, to_markdown
 from forge.eval.suite import Comparison
-from forge.recipe_eval import EvalBlock
+from forge.recipe.eval import EvalBlock
 from forge.story import base_summary
 
 

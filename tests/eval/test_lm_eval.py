@@ -7,7 +7,7 @@ import json
 import pytest
 
 from forge_testing import memorise
-from forge.recipe_eval import LmEval
+from forge.recipe.eval import LmEval
 
 QA = [("The Zephyr valve is made of", ["titanium", "copper"], 0),
       ("The Ion pump is built in", ["Lyon", "Oslo"], 1),

@@ -16,7 +16,7 @@ from forge.eval.gates import check_gates
 from forge.eval.suite import resolve_suite, run_suite
 from forge.inputs import resolve_source
 from forge.recipe import DataSource
-from forge.recipe_eval import EvalBlock
+from forge.recipe.eval import EvalBlock
 from forge.stages.rewards import RewardError
 from forge_testing import write_recipe
 

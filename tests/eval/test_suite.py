@@ -6,7 +6,7 @@ import pytest
 from forge.errors import ForgeError
 from forge.eval.suite import resolve_suite, run_suite
 from forge.recipe import DataSource, PretrainStage
-from forge.recipe_eval import EvalBlock
+from forge.recipe.eval import EvalBlock
 
 from forge_testing import pretrain_stage
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from forge.recipe_train import Schedule
+from forge.recipe.settings import Schedule
 from forge.train.optim import build_scheduler, lr_factor
 
 TOTAL = 100

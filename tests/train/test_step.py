@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from forge.recipe_train import Guard, Optim
+from forge.recipe.settings import Guard, Optim
 from forge.train.losses import IGNORE, masked_lm_loss
 from forge.train.step import Divergence, DivergenceGuard, train_step
 

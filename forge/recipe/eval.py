@@ -1,4 +1,4 @@
-"""Recipe schema, part three: the `eval:` block (the suite run on the starting checkpoint, each
+"""Recipe schema: the `eval:` block (the suite run on the starting checkpoint, each
 stage's output and the Novella), its gates, and the metric that decides the champion.
 
 Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<source>` (held-out),
@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from forge.recipe_data import NAME, Strict
-from forge.recipe_train import RewardSource
+from forge.recipe.data import NAME, Strict
+from forge.recipe.settings import RewardSource
 
 
 class FactRecall(Strict):
@@ -45,7 +45,7 @@ class Preference(Strict):
 
 class MeanReward(Strict):
     """Mean reward of completions the model generates for held-out prompts, under reward functions
-    (forge.stages.rewards): per source and the weighted total. Defaults come from the recipe's rft
+    (forge.lm.rewards): per source and the weighted total. Defaults come from the recipe's rft
     stage(s): their prompt data, prompt_field, rewards and max_new_tokens."""
 
     source: str | None = Field(None, pattern=NAME, description="data source of prompt rows; default: the rft stage's first")

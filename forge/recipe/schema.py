@@ -1,4 +1,5 @@
-"""Recipe schema, loading and dotted command-line overrides.
+"""The Recipe model, its loading (YAML, overrides, paths relative to the file) and the cross-field
+validators (data sources a stage reads, context lengths, LoRA targets, soup ingredients).
 
 A recipe is YAML validated once, at load time, into typed pydantic models. Every problem is
 reported on its own line naming the dotted path (``stages[1].optim.lr``), the YAML line, what was
@@ -19,20 +20,20 @@ from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 from forge.base_check import check_base
 from forge.errors import ForgeError
 from forge.data.hygiene import HygieneConfig
-from forge.recipe_data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
+from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
     NAME, DataSource, GeneratedText, Strict,
 )
-from forge.recipe_errors import apply_overrides, format_errors
-from forge.recipe_yaml import read_recipe_yaml
+from forge.recipe.errors import apply_overrides, format_errors
+from forge.recipe.yaml import read_recipe_yaml
 
 
 # -------------------------------------------------------------------------------------- stages
-from forge.recipe_train import (  # noqa: E402,F401  (re-exported with the schema)
+from forge.recipe.settings import (  # noqa: E402,F401  (re-exported with the schema)
     ContextExtension, DpoStage, RftStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
     SoupStage, TrainSettings, stage_union,
 )
 from forge.stages import KINDS  # noqa: E402
-from forge.recipe_eval import EvalBlock  # noqa: E402
+from forge.recipe.eval import EvalBlock  # noqa: E402
 
 STAGE_KINDS = tuple(KINDS)
 Stage = stage_union({name: k.settings for name, k in KINDS.items()})
@@ -299,7 +300,7 @@ def _config_context(config: Path) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _resolve_paths(raw: dict, root: Path) -> dict:
+def resolve_paths(raw: dict, root: Path) -> dict:
     """Paths in a recipe are relative to the recipe file (so recipes run from any directory)."""
 
     def fix(p: str) -> str:
@@ -349,7 +350,7 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     if not isinstance(raw, dict):
         raise ForgeError(f"{where}: a recipe must be a YAML mapping (name, base, data, stages, output)")
     raw, origins = apply_overrides(raw, overrides or [])
-    raw = _resolve_paths(raw, path.parent.resolve())
+    raw = resolve_paths(raw, path.parent.resolve())
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:

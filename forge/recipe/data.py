@@ -1,4 +1,4 @@
-"""Recipe schema, part one: the data a recipe names (sources, generated text), and the strict base
+"""Recipe schema: the data a recipe names (sources, generated text), and the strict base
 model every recipe section uses. A source's `chat:` section is forge.data.formats.FormatSpec and
 the recipe's `hygiene:` section is forge.data.hygiene.HygieneConfig: one type each, validated here."""
 from __future__ import annotations

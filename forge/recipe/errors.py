@@ -12,7 +12,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from forge.errors import ForgeError
-from forge.recipe_yaml import load_value
+from forge.recipe.yaml import load_value
 
 
 def dotted(loc: tuple) -> str:

@@ -1,13 +1,13 @@
-"""Recipe schema, part two: the training settings every training stage shares (TrainSettings), and
-the settings of each stage kind, which compose it. The table in forge.stages names which settings
-class, stage module and planner workload belong to each kind."""
+"""Per-stage settings: what every training stage shares (TrainSettings, Optim, Schedule, Guard, ...)
+and the settings class of each stage kind, which composes it. The kinds table (forge.stages) names
+which settings class, stage module and planner workload belong to each kind."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from forge.recipe_data import NAME, Strict
+from forge.recipe.data import NAME, Strict
 
 
 class Optim(Strict):
@@ -372,7 +372,7 @@ def stage_union(kinds: dict[str, type]) -> Any:
         kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
         return f"<{kind}>" if isinstance(kind, str) and kind in kinds else None
 
-    # Tags in <brackets> cannot clash with user names in error paths (recipe_errors strips them).
+    # Tags in <brackets> cannot clash with user names in error paths (forge.recipe.errors strips them).
     members = tuple(Annotated[cls, Tag(f"<{kind}>")] for kind, cls in kinds.items())
     return Annotated[Union[members], Discriminator(kind_of, custom_error_type="stage_kind",
                                                    custom_error_message=f"'kind' must be one of {list(kinds)}")]
