@@ -31,7 +31,7 @@ def rows(path: Path) -> list[dict]:
 
 
 def bench_forge(tmp: Path, args) -> float:
-    from forge.stages import KINDS
+    from forge.kinds import KINDS
     from forge.stages.result import StageInputs
     from forge.track import null_tracker
 

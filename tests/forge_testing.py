@@ -49,7 +49,7 @@ class Recorder:
 
 def run_stage(stage, checkpoint, sources, out, tracker=None, resume=False, outputs=None):
     """Run one stage directly (no pipeline), as the runner would."""
-    from forge.stages import KINDS
+    from forge.kinds import KINDS
     from forge.stages.result import StageInputs
     from forge.track import null_tracker
 

@@ -37,10 +37,13 @@ def test_only_track_imports_mlflow_and_nothing_imports_pipelines():
 
 
 def test_the_kinds_table_is_the_recipe_schema():
-    from forge.recipe import STAGE_KINDS
-    from forge.stages import KINDS
+    from forge.kinds import KINDS
+    from forge.recipe import SETTINGS, stage_kinds
 
-    assert STAGE_KINDS == tuple(KINDS)
+    assert stage_kinds() == tuple(KINDS)  # what a recipe's stages[i] accepts is what the table lists
     for name, kind in KINDS.items():
+        assert SETTINGS[name] is kind.settings
         assert kind.settings.model_fields["kind"].annotation.__args__ == (name,)
+        assert kind.data == kind.settings.reads and kind.evaluates == kind.settings.evaluates
         assert callable(kind.runner())
+        assert kind.workload is None or callable(kind.builder().from_stage)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
+from forge.kinds import row
 from forge.eval import evaluators as E
 from forge.eval.perplexity import source_blocks
 from forge.eval.reward import load_rewards, mean_reward
@@ -49,8 +50,8 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
     """The suite with its defaults filled from the recipe: domain = the proprietary sources the
     stages train on, general = the others; seq_len and separator from the last training stage."""
     block = block or EvalBlock()
-    # an rft stage's data are prompt rows (eval.reward reads them), not text to measure perplexity on
-    trained = list(dict.fromkeys(n for s in stages if getattr(s, "kind", None) != "rft" for n in s.sources))
+    # only kinds the suite measures perplexity for count (an rft stage's prompt rows are eval.reward's)
+    trained = list(dict.fromkeys(n for s in stages if "perplexity" in row(s).evaluates for n in s.sources))
     if not stages:  # a suite file: every source it names is the suite's
         trained = list(data)
     trained = [n for n in trained if data[n].chat is None]  # perplexity reads plain text, not chat records
@@ -66,11 +67,12 @@ def resolve_suite(block: EvalBlock | None, stages: list, data: dict) -> EvalBloc
 
 
 def _reward_defaults(reward, stages: list):
-    """eval.reward with what it leaves out taken from the recipe's rft stage(s): the first one's
-    prompt data, prompt_field and max_new_tokens, and every rft stage's reward sources."""
+    """eval.reward with what it leaves out taken from the recipe's rewarded stage(s) (those whose
+    kind evaluates "reward", e.g. rft): the first one's prompt data, prompt_field and max_new_tokens,
+    and every such stage's reward sources."""
     if reward is None:
         return None
-    rft = [s for s in stages if getattr(s, "kind", None) == "rft"]
+    rft = [s for s in stages if "reward" in row(s).evaluates]
     first = rft[0] if rft else None
     rewards = reward.rewards if reward.rewards is not None else list({r.source: r for s in rft for r in s.rewards}.values())
     if (reward.source is None and first is None) or not rewards:

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.kinds import KINDS
 from forge.plan import workloads as W
 from forge.plan.calibrate import calibrate
 from forge.plan.hardware import get_system, known_targets, load_catalog, parse_targets
@@ -68,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("planning without a recipe")
     g.add_argument("--model", help="config.json, checkpoint dir, or preset (e.g. llama-3.1-8b); "
                    "alone, prints parameter counts and memory")
-    g.add_argument("--stage", default="pretrain", help="pretrain | midtrain | sft | dpo | rft")
+    g.add_argument("--stage", default="pretrain", help="a stage kind that trains (forge.kinds): pretrain | "
+                   "midtrain | sft | dpo | rft | ...")
     g.add_argument("--tokens", type=parse_count, help="tokens to train on (e.g. 100B)")
     g.add_argument("--steps", type=int, help="optimizer steps (instead of --tokens)")
     g.add_argument("--seq-len", type=int, default=4096)
@@ -112,24 +114,10 @@ def _refuse_absurd(plans) -> None:
 
 
 def _workload(args) -> W.Workload:
+    """The workload of `--stage KIND`, built by the kind's row of the kinds table."""
     kind = W.normalize_kind(args.stage)
-    seq = args.seq_len
-    batch = args.global_batch or max(1, DEFAULT_BATCH_TOKENS // seq)
-    prec = args.precision or "bf16"
-    name = kind
-    if kind in ("pretrain", "midtrain"):
-        return W.pretrain(name, seq, batch, args.tokens, args.steps, prec, kind=kind)
-    if kind == "sft":
-        return W.sft(name, seq, batch, args.tokens, args.steps, prec, packed=not args.unpacked,
-                     mean_example_len=args.mean_example_len)
-    if kind == "dpo":
-        pairs = args.tokens / (2 * seq) if args.tokens else None
-        return W.dpo(name, seq, batch, pairs, args.steps, prec, cached_reference=not args.no_cached_reference)
-    prompt = args.prompt_len or seq // 4
-    steps = args.steps or (int(args.tokens // (batch * args.group * (seq - prompt))) if args.tokens else None)
-    if not steps:
-        raise ForgeError("rft planning needs --steps (or --tokens of generated text)")
-    return W.rft(name, prompt, seq - prompt, batch, args.group, max(1, steps), prec, args.reward_model)
+    batch = args.global_batch or max(1, DEFAULT_BATCH_TOKENS // args.seq_len)
+    return KINDS[kind].builder().from_args(kind, args, batch, args.precision or "bf16")
 
 
 def _list_targets(catalog: dict) -> str:

@@ -1,11 +1,12 @@
 """Thin adapter from a forge recipe to planner workloads: `plan_recipe(recipe, ...)`.
 
-Each stage's typed settings become a workload through the stage-kind table (forge.stages.KINDS);
+Each stage's typed settings become a workload through its row of the kinds table (forge/kinds.py);
 stages that do not train (a soup) have no workload and no plan.
 """
 from __future__ import annotations
 
 from forge.errors import ForgeError
+from forge.kinds import row
 from forge.plan import workloads as W
 from forge.plan.hardware import load_catalog, parse_targets
 from forge.plan.model import load_model_config
@@ -29,10 +30,8 @@ def recipe_model_config(recipe) -> dict:
 def stage_workload(stage, dp_world: int = 1, precision: str | None = None) -> W.Workload | None:
     """One recipe stage as a Workload (None for a stage that does not train).
     Global batch = batch_size * grad_accum * dp_world."""
-    from forge.stages import KINDS
-
-    build = KINDS[stage.kind].workload
-    return build(stage, dp_world, precision) if build is not None else None
+    build = row(stage).builder()
+    return build.from_stage(stage, dp_world, precision) if build is not None else None
 
 
 def plan_recipe(recipe, target: str | None = None, chips: int | None = None, deadline_h: float | None = None,

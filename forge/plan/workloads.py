@@ -2,18 +2,20 @@
 
 A Workload is a training loop (sequences of seq_len, global_batch per step, `steps` steps) plus
 extra work: forward passes of frozen models (DPO reference, RL reference/reward), a one-off
-pre-pass (cached DPO reference log-probs), and per-step generation (RL rollouts).
+pre-pass (cached DPO reference log-probs), and per-step generation (RL rollouts). A Builder makes
+one from a recipe stage's typed settings or from `forge plan --stage` arguments; the kinds table
+(forge/kinds.py) names each kind's builder (LM, SFT, DPO, RFT below).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from forge.errors import ForgeError
+from forge.kinds import KINDS
 
-# What the planner can model (a superset of the recipe's stage kinds, which forge.stages.KINDS lists:
-# `forge plan --stage sft` works before an SFT stage exists). Not a list of recipe stage kinds.
-WORKLOAD_KINDS = ("pretrain", "midtrain", "sft", "dpo", "rft")
+# Other names `forge plan --stage` accepts for a kind of the table.
 KIND_ALIASES = {"mid-train": "midtrain", "cpt": "pretrain", "continued-pretraining": "pretrain",
                 "grpo": "rft", "rl": "rft"}
 
@@ -49,10 +51,15 @@ class Workload:
     notes: tuple[str, ...] = ()
 
 
+def planned_kinds() -> list[str]:
+    """The kinds of the table that train, so the planner can model them."""
+    return [name for name, row in KINDS.items() if row.workload is not None]
+
+
 def normalize_kind(kind: str) -> str:
     k = KIND_ALIASES.get(kind.lower(), kind.lower())
-    if k not in WORKLOAD_KINDS:
-        raise ForgeError(f"unknown stage kind {kind!r}; the planner knows {', '.join(WORKLOAD_KINDS)}")
+    if k not in planned_kinds():
+        raise ForgeError(f"unknown stage kind {kind!r}; the planner knows {', '.join(planned_kinds())}")
     return k
 
 
@@ -123,3 +130,67 @@ def rft(name: str, prompt_len: int, gen_len: int, prompts_per_step: int, group: 
         notes=("rollouts run on the same chips as training, with training states offloaded meanwhile; "
                "decode modelled as HBM-bandwidth bound",),
     )
+
+
+# ------------------------------------------------------------------------ builders per kind
+@dataclass(frozen=True)
+class Builder:
+    """How the planner turns a kind into a Workload: `from_stage(stage, dp_world, precision)` from a
+    recipe stage's typed settings (global batch = batch_size * grad_accum * dp_world), and
+    `from_args(kind, args, batch, precision)` from `forge plan --stage KIND` arguments."""
+
+    from_stage: Callable[[Any, int, str | None], Workload]
+    from_args: Callable[[str, Any, int, str], Workload]
+
+
+def _batch(stage, dp_world: int) -> int:
+    return stage.batch_size * stage.grad_accum * max(1, dp_world)
+
+
+def _lm_stage(stage, dp_world: int, precision: str | None) -> Workload:
+    return pretrain(stage.name, stage.seq_len, _batch(stage, dp_world), stage.max_tokens, stage.max_steps,
+                    precision or stage.precision, kind=stage.kind)
+
+
+def _lm_args(kind: str, args, batch: int, precision: str) -> Workload:
+    return pretrain(kind, args.seq_len, batch, args.tokens, args.steps, precision, kind=kind)
+
+
+def _sft_stage(stage, dp_world: int, precision: str | None) -> Workload:
+    return sft(stage.name, stage.seq_len, _batch(stage, dp_world), stage.max_tokens, stage.max_steps,
+               precision or stage.precision, packed=stage.packing == "best_fit")
+
+
+def _sft_args(kind: str, args, batch: int, precision: str) -> Workload:
+    return sft(kind, args.seq_len, batch, args.tokens, args.steps, precision, packed=not args.unpacked,
+               mean_example_len=args.mean_example_len)
+
+
+def _dpo_stage(stage, dp_world: int, precision: str | None) -> Workload:
+    return dpo(stage.name, stage.seq_len, _batch(stage, dp_world), steps=stage.total_steps(max(1, dp_world)),
+               precision=precision or stage.precision, cached_reference=stage.reference == "cached")
+
+
+def _dpo_args(kind: str, args, batch: int, precision: str) -> Workload:
+    pairs = args.tokens / (2 * args.seq_len) if args.tokens else None
+    return dpo(kind, args.seq_len, batch, pairs, args.steps, precision, cached_reference=not args.no_cached_reference)
+
+
+def _rft_stage(stage, dp_world: int, precision: str | None) -> Workload:
+    return rft(stage.name, stage.seq_len, stage.max_new_tokens, _batch(stage, dp_world), stage.group,
+               stage.total_steps(max(1, dp_world)), precision or stage.precision)
+
+
+def _rft_args(kind: str, args, batch: int, precision: str) -> Workload:
+    seq = args.seq_len
+    prompt = args.prompt_len or seq // 4
+    steps = args.steps or (int(args.tokens // (batch * args.group * (seq - prompt))) if args.tokens else None)
+    if not steps:
+        raise ForgeError(f"{kind} planning needs --steps (or --tokens of generated text)")
+    return rft(kind, prompt, seq - prompt, batch, args.group, max(1, steps), precision, args.reward_model)
+
+
+LM = Builder(_lm_stage, _lm_args)     # causal-LM over packed blocks, every token trained (pretrain, midtrain)
+SFT = Builder(_sft_stage, _sft_args)  # packed blocks, or batches padded per batch
+DPO = Builder(_dpo_stage, _dpo_args)  # chosen and rejected through the policy; the reference cached or live
+RFT = Builder(_rft_stage, _rft_args)  # GRPO: `group` completions per prompt each step, then an update

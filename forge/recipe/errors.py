@@ -34,6 +34,8 @@ def _members(node: Any) -> list:
         return _members(get_args(node)[0])
     if origin in (Union, types.UnionType):
         return [m for arg in get_args(node) for m in _members(arg)]
+    if isinstance(node, type) and callable(getattr(node, "members", None)):
+        return list(node.members())  # a type chosen at validation time (AnyStage: the registered kinds)
     return [node]
 
 

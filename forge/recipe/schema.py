@@ -30,13 +30,12 @@ from forge.recipe.yaml import read_recipe_yaml
 # -------------------------------------------------------------------------------------- stages
 from forge.recipe.settings import (  # noqa: E402,F401  (re-exported with the schema)
     ContextExtension, DpoStage, RftStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
-    SoupStage, TrainSettings, stage_union,
+    SoupStage, TrainSettings,
 )
-from forge.stages import KINDS  # noqa: E402
+from forge.recipe.registry import AnyStage, StageSettings, stage_kinds  # noqa: E402,F401
 from forge.recipe.eval import EvalBlock  # noqa: E402
 
-STAGE_KINDS = tuple(KINDS)
-Stage = stage_union({name: k.settings for name, k in KINDS.items()})
+Stage = AnyStage  # stages[i]: the settings class registered under the item's kind (forge/recipe/registry.py)
 
 
 # ---------------------------------------------------------------------------------------- base
@@ -118,7 +117,7 @@ class Recipe(Strict):
     base: Annotated[Union[Annotated[str, Tag("<path>")], Annotated[Base, Tag("<scratch>")]],
                     Discriminator(lambda v: "<path>" if isinstance(v, str) else "<scratch>")]
     data: dict[Annotated[str, Field(pattern=NAME)], DataSource] = Field(min_length=1)
-    stages: list[Stage] = Field(min_length=1)
+    stages: list[AnyStage] = Field(min_length=1)
     hygiene: HygieneConfig = HygieneConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
@@ -152,8 +151,8 @@ class Recipe(Strict):
             for src in self.eval.sources():
                 if src not in self.data:
                     problems.append(f"eval: unknown data source {src!r}; known: {sorted(self.data)}")
-            rft = [s for s in self.stages if s.kind == "rft"]
-            if self.eval.reward is not None and not rft:  # its defaults come from an rft stage
+            rewarded = [s for s in self.stages if "reward" in s.evaluates]
+            if self.eval.reward is not None and not rewarded:  # its defaults come from an rft stage
                 for key in ("source", "rewards"):
                     if getattr(self.eval.reward, key) is None:
                         problems.append(f"eval.reward.{key}: the recipe has no rft stage to take it from; give it")
@@ -177,30 +176,14 @@ def _data_problems(recipe: "Recipe") -> list[str]:
     for j, src in enumerate(recipe.hygiene.decontaminate_against):
         if src not in recipe.data:
             problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
-    evals = set(recipe.hygiene.decontaminate_against)
     for i, stage in enumerate(recipe.stages):
-        if isinstance(stage, PostTrainSettings):
-            problems += _chat_problems(recipe, i, stage)
-        if not isinstance(stage, PretrainStage):
-            continue
-        nova = isinstance(stage.mixture, NovaMixture)
-        for src in stage.weights:
-            group = ("customer." if src in stage.mixture.customer else "curated.") if nova else ""
-            cfg = recipe.data.get(src)
-            if cfg is None:
-                problems.append(f"stages[{i}].mixture.{group}{src}: unknown data source; known: {sorted(recipe.data)}")
-            elif src in evals:
-                problems.append(f"stages[{i}].mixture.{src}: is an evaluation set "
-                                "(hygiene.decontaminate_against); a stage must not train on it")
-            elif cfg.chat is not None:
-                problems.append(f"stages[{i}].mixture.{src}: data.{src} holds chat records (chat: ...), "
-                                f"which a {stage.kind} stage does not read; give it plain text")
+        problems += _source_problems(recipe, i, stage)
     return problems
 
 
 LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                            "embed_tokens", "lm_head"})
-PREFERENCE_KINDS = ("preference", "hh")
+PREFERENCE_FORMATS = ("preference", "hh")  # the chat formats (chat.kind) that hold preference pairs
 
 
 def lora_problems(stages: list, modules: frozenset, what: str) -> list[str]:
@@ -215,25 +198,31 @@ def lora_problems(stages: list, modules: frozenset, what: str) -> list[str]:
     return problems
 
 
-def _chat_problems(recipe: "Recipe", i: int, stage) -> list[str]:
-    """A post-training stage reads chat records of the right kind (preference pairs for DPO)."""
+def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str]:
+    """A stage's sources exist, are no evaluation set, and hold what its kind reads (`reads` on
+    its settings class): plain text, chat records, preference pairs, or prompt rows (any record)."""
     problems, evals = [], set(recipe.hygiene.decontaminate_against)
-    for j, src in enumerate(stage.data):
-        at, cfg = f"stages[{i}].data[{j}]", recipe.data.get(src)
+    for src, path in stage.source_paths().items():
+        at, cfg = f"stages[{i}].{path}", recipe.data.get(src)
+        named = "" if path.endswith(src) else f" {src!r}"  # a mixture path already names the source
         if cfg is None:
-            problems.append(f"{at}: unknown data source {src!r}; known: {sorted(recipe.data)}")
+            problems.append(f"{at}: unknown data source{named}; known: {sorted(recipe.data)}")
         elif src in evals:
-            problems.append(f"{at}: {src!r} is an evaluation set (hygiene.decontaminate_against); "
+            problems.append(f"{at}:{named} is an evaluation set (hygiene.decontaminate_against); "
                             "a stage must not train on it")
-        elif stage.kind == "rft":
-            continue  # RFT reads prompt rows directly (prompt_field and the reward functions' fields)
+        elif stage.reads == "prompts":
+            continue  # prompt rows are read directly (e.g. rft: prompt_field and the reward functions' fields)
+        elif stage.reads == "text":
+            if cfg.chat is not None:
+                problems.append(f"{at}: data.{src} holds chat records (chat: ...), "
+                                f"which a {stage.kind} stage does not read; give it plain text")
         elif cfg.chat is None:
             problems.append(f"{at}: data.{src} holds plain text, which a {stage.kind} stage cannot read; give "
                             f"data.{src} a chat: mapping (kind: messages | instruction | prompt_completion | "
                             "preference | hh)")
-        elif stage.kind == "dpo" and cfg.chat.kind not in PREFERENCE_KINDS:
+        elif stage.reads == "preference" and cfg.chat.kind not in PREFERENCE_FORMATS:
             problems.append(f"{at}: data.{src} has chat.kind {cfg.chat.kind!r}, which holds no preference pairs; "
-                            f"a dpo stage needs chat.kind {' or '.join(PREFERENCE_KINDS)}")
+                            f"a {stage.kind} stage needs chat.kind {' or '.join(PREFERENCE_FORMATS)}")
         elif cfg.cleaned:
             problems.append(f"{at}: data.{src} has hygiene on, which rewrites records as plain text; chat records "
                             f"are not cleaned yet: set data.{src}.hygiene: false")

@@ -1,13 +1,15 @@
 """Per-stage settings: what every training stage shares (TrainSettings, Optim, Schedule, Guard, ...)
-and the settings class of each stage kind, which composes it. The kinds table (forge.stages) names
-which settings class, stage module and planner workload belong to each kind."""
+and the settings class of each stage kind, each a StageSettings (forge/recipe/registry.py) that
+registers itself under its `kind`. The kinds table (forge.kinds) names the stage module and the
+planner workload that belong to each kind."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from forge.recipe.data import NAME, Strict
+from forge.recipe.registry import StageSettings
 
 
 class Optim(Strict):
@@ -73,11 +75,10 @@ class MergeBack(Strict):
     weight: float = Field(gt=0, lt=1, description="share of the trained weights; the rest is the stage's input")
 
 
-class TrainSettings(Strict):
+class TrainSettings(StageSettings):
     """What every training stage shares: budget, shapes, optimizer, schedule, precision, seed,
     evaluation, checkpoints, guard and logging. Stage kinds add their own fields to these."""
 
-    name: str = Field(pattern=NAME)
     max_tokens: int | None = Field(None, gt=0, le=10**16)
     max_steps: int | None = Field(None, gt=0, le=10**9)
     seq_len: int = Field(256, ge=8, le=1_048_576)
@@ -153,6 +154,7 @@ class PretrainStage(TrainSettings):
     """Continued pretraining: causal-LM loss over packed token blocks of a mixture."""
 
     kind: Literal["pretrain"]
+    evaluates: ClassVar[tuple[str, ...]] = ("perplexity",)
     mixture: Mixture = Field(description="{source: weight} or {customer: {...}, curated: {...}} in percent")
     max_repeats: int | None = Field(None, ge=0, description="times a source may start over; None = no limit")
     on_exhausted: Literal["fail", "rebalance"] = Field(
@@ -175,8 +177,12 @@ class PretrainStage(TrainSettings):
 
     @property
     def sources(self) -> dict[str, float]:
-        """The data sources this stage reads, with their weights (every stage kind has this)."""
         return self.weights
+
+    def source_paths(self) -> dict[str, str]:
+        nova = isinstance(self.mixture, NovaMixture)
+        return {src: "mixture." + (("customer." if src in self.mixture.customer else "curated.") if nova else "") + src
+                for src in self.weights}
 
 
 class RopeScaling(Strict):
@@ -214,11 +220,10 @@ class MidtrainStage(PretrainStage):
         return (self.context.max_position or self.seq_len) if self.context else self.seq_len
 
 
-class SoupStage(Strict):
+class SoupStage(StageSettings):
     """Checkpoint souping: the (weighted) average of earlier stages' or folders' weights."""
 
     kind: Literal["soup"]
-    name: str = Field(pattern=NAME)
     ingredients: list[str] = Field(min_length=2, description="stage names (earlier in the recipe) or checkpoint folders")
     weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
         None, description="one per ingredient; default uniform")
@@ -228,10 +233,6 @@ class SoupStage(Strict):
         if self.weights is not None and len(self.weights) != len(self.ingredients):
             raise ValueError(f"give one weight per ingredient ({len(self.ingredients)}), got {len(self.weights)}")
         return self
-
-    @property
-    def sources(self) -> dict[str, float]:
-        return {}
 
 
 # ----------------------------------------------------------------------------- post-training
@@ -276,12 +277,20 @@ class PostTrainSettings(TrainSettings):
     def sources(self) -> dict[str, float]:
         return {name: 1.0 for name in self.data}
 
+    def source_paths(self) -> dict[str, str]:
+        paths: dict[str, str] = {}
+        for j, name in enumerate(self.data):
+            paths.setdefault(name, f"data[{j}]")
+        return paths
+
 
 class SftStage(PostTrainSettings):
     """Supervised fine-tuning on chat records: loss on assistant tokens (or all), examples packed
     best-fit into seq_len blocks with per-example position ids, or padded per batch."""
 
     kind: Literal["sft"]
+    reads: ClassVar[str] = "chat"
+    evaluates: ClassVar[tuple[str, ...]] = ("perplexity",)
     train_on: Literal["assistant", "all"] | None = Field(
         None, description="tokens that carry loss; default: the data source's chat.loss_on")
     packing: Literal["best_fit", "pad"] = "best_fit"
@@ -294,6 +303,8 @@ class DpoStage(PostTrainSettings):
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
     kind: Literal["dpo"]
+    reads: ClassVar[str] = "preference"
+    evaluates: ClassVar[tuple[str, ...]] = ("perplexity", "preference")
     beta: float = Field(0.1, gt=0, le=100)
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO: assumed share of flipped labels (sigmoid)")
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
@@ -338,6 +349,8 @@ class RftStage(PostTrainSettings):
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
     kind: Literal["rft"]
+    reads: ClassVar[str] = "prompts"
+    evaluates: ClassVar[tuple[str, ...]] = ("reward",)
     rewards: list[RewardSource] = Field(min_length=1)
     prompt_field: str = "prompt"
     group: int = Field(4, ge=2, le=1024)
@@ -363,16 +376,3 @@ class RftStage(PostTrainSettings):
             raise ValueError("generation: vllm needs the vllm package, which is not installed here "
                              "(pip install vllm, on a machine with a supported GPU), or use generation: hf")
         return value
-
-
-def stage_union(kinds: dict[str, type]) -> Any:
-    """The recipe's `stages[i]` type: a union of the kinds' settings, chosen by `kind`."""
-
-    def kind_of(value: Any) -> str | None:
-        kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-        return f"<{kind}>" if isinstance(kind, str) and kind in kinds else None
-
-    # Tags in <brackets> cannot clash with user names in error paths (forge.recipe.errors strips them).
-    members = tuple(Annotated[cls, Tag(f"<{kind}>")] for kind, cls in kinds.items())
-    return Annotated[Union[members], Discriminator(kind_of, custom_error_type="stage_kind",
-                                                   custom_error_message=f"'kind' must be one of {list(kinds)}")]

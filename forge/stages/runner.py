@@ -10,7 +10,7 @@ from typing import Callable
 
 from forge.inputs import Inputs
 from forge.plan.runlog import log_measured, log_plan_chart, log_stage_plan
-from forge.stages import KINDS, trains
+from forge.kinds import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
 from forge.story import stage_note
 from forge.train.checkpoint import finished_result
