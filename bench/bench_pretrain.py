@@ -25,7 +25,7 @@ from forge.recipe import DataSource, GeneratedText, PretrainStage, ScratchBase  
 from forge.scratch import build_scratch_base  # noqa: E402
 from forge.stages import pretrain  # noqa: E402
 from forge.stages.result import StageInputs  # noqa: E402
-from forge.track import Tracker  # noqa: E402
+from forge.track import MlflowTracker as Tracker  # noqa: E402
 
 
 def bare_loop(checkpoint: Path, blocks: list[torch.Tensor], lr: float) -> float:

@@ -8,6 +8,7 @@ import signal
 import sys
 
 from forge.errors import ForgeError
+from forge.quiet import quiet_libraries
 
 
 def _validate(args) -> int:
@@ -21,15 +22,15 @@ def _validate(args) -> int:
 
 def _run(args) -> int:
     from forge.recipe import load_recipe
-    from forge.track import Tracker
+    from forge.track import MlflowTracker
 
     recipe = load_recipe(args.recipe, args.overrides)
-    _quiet_libraries()
+    quiet_libraries()
     from forge.plan.recipe_plan import plan_recipe
     from forge.plan.report import assert_plans_fit, format_table
     from forge.plan.runlog import COMPARE_TARGETS
     from forge.train.accel import process_state
-    from forge.train.stop import StopRequested
+    from forge.train.signals import StopRequested
 
     plans = plan_recipe(recipe)  # planned once per run: printed, checked, and logged by each stage
     comparison: dict[str, list] = {}
@@ -48,12 +49,12 @@ def _run(args) -> int:
         raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
     # a launcher stops the other ranks with SIGTERM when one fails: exit through Python so that
     # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
-    # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.stop)
+    # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.signals)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with _run_folder(recipe, args, process_state()) as folder:
         try:
-            tracker = Tracker(recipe.tracking_uri, recipe.experiment, enabled=rank0, on_error=recipe.tracking.on_error,
-                              system_metrics=recipe.tracking.system_metrics)
+            tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
+                                    on_error=recipe.tracking.on_error, system_metrics=recipe.tracking.system_metrics)
         except ForgeError:
             folder.forget()  # nothing ran: the folder stays as it was
             raise
@@ -112,18 +113,6 @@ def _report_evaluation(ev) -> list:
     for g in failed:
         print(f"forge: gate failed: {g.text}", file=sys.stderr)
     return failed
-
-
-def _quiet_libraries() -> None:
-    """Library progress bars and advisories only clutter forge's own output."""
-    import transformers
-
-    from forge.track import quiet_mlflow
-
-    quiet_mlflow()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def build_parser() -> argparse.ArgumentParser:

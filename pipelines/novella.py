@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-from forge.eval.finish import finish_novella
+from forge.eval.finish import Evaluation, NovellaRun, finish_novella
 from forge.eval.stage_eval import StageEvaluator
 from forge.inputs import input_fingerprints, prepare_inputs
-from forge.lineage import new_lineage, source_record, write_novella
+from forge.lineage import Lineage, base_spec, new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
-from forge.stages.runner import PipelineState, RunIds, run_stage
-from forge.story import base_summary, pipeline_note, stage_row
+from forge.stages.runner import PipelineState, Planned, RunPlace, run_stage
+from forge.track.notes import base_summary, pipeline_note, stage_row
+from forge.track.protocol import Tracker
+from forge.track.runs import parent_run
 from forge.train.accel import process_state
 from forge.train.memory import peak_rss_mb, reset_peak_rss
 
@@ -30,15 +33,15 @@ class PipelineResult:
     output: Path
     novella: Path
     run_id: str | None
-    metrics: dict
-    stages: list = field(default_factory=list)  # StageResult per stage
+    metrics: dict[str, Any]
+    stages: list[Any] = field(default_factory=list)  # StageResult per stage
     version: int | None = None                  # registered model version
     model_uri: str | None = None
-    evaluation: object = None                   # forge.eval.finish.Evaluation (gates, comparison, alias)
+    evaluation: Evaluation | None = None        # gates, comparison, alias
 
 
-def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resume: bool = False,
-        folder=None) -> PipelineResult:
+def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
+        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> PipelineResult:
     """Run the whole recipe. `plans` / `comparison`: stage name -> plan(s), made once by the caller.
     `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint.
     `folder`: the forge.rundir.RunFolder the caller holds (run identity, input fingerprints)."""
@@ -47,18 +50,11 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
     resolved = resolved_yaml(recipe)
     if state.is_main_process:
         (out / "recipe.resolved.yaml").write_text(resolved)
-    runs = RunIds.load(out)
-    parent = runs.reopenable(tracker) if resume else runs.discard(tracker)
     tags = {"forge.pipeline": "novella", "forge.recipe": recipe.name}
-    with tracker.run(recipe.name, tags=tags, run_id=parent) as run_id:
-        if run_id and run_id != parent:
-            if runs.parent:
-                tracker.set_tags({"forge.resumed_from_run": runs.parent})
-            runs.parent, runs.stages = run_id, {}
-            if state.is_main_process:
-                runs.save()
+    with parent_run(tracker, out, recipe.name, tags, resume, main=state.is_main_process) as parent:
+        if parent.new:
             tracker.log_text(resolved, "recipe.resolved.yaml")
-            tracker.log_params({"recipe": recipe.name, "base": base_summary(new_lineage(recipe, "")["base"]["spec"]),
+            tracker.log_params({"recipe": recipe.name, "base": base_summary(base_spec(recipe.base)),
                                 "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         reset_peak_rss()
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
@@ -66,47 +62,59 @@ def run(recipe: Recipe, tracker, plans: dict, comparison: dict, log=print, resum
         if folder is not None and state.is_main_process:
             folder.check_inputs(input_fingerprints(recipe, inputs))
         tracker.log_summary("data", {**inputs.hygiene, "peak_rss_mb": peak_rss_mb()})  # reading, hygiene, caches
-        lineage = new_lineage(recipe, inputs.base)
+        lineage = new_lineage(recipe.name, base_spec(recipe.base), inputs.base)
         used = sorted({n for s in recipe.stages for n in s.sources})
-        lineage["data"] = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
-        lineage["hygiene"] = inputs.hygiene
-        p = PipelineState(tracker, inputs, out, plans, comparison, recipe_model_config(recipe), runs, resume,
-                          state.is_main_process and state.num_processes == 1, log=log,
-                          run_id=folder.run_id if folder is not None else None)
-
-        checkpoint, results = inputs.base, []
-        each = recipe.eval is not None and recipe.eval.after_each_stage
-        evaluator = StageEvaluator(recipe, inputs.sources, inputs.base, out, tracker, log) \
-            if each and state.is_main_process else None
-        for i, stage in enumerate(recipe.stages):
-            log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
-            result, record = run_stage(i, stage, checkpoint, p)
-            if evaluator is not None:  # into the stage's run now, before the next stage's run starts
-                record["evaluation"] = evaluator.after(stage.name, result.checkpoint, runs.stages.get(stage.name))
-            if each:
-                state.wait_for_everyone()
-            lineage["stages"].append(record)
-            for name, n in result.tokens_by_source.items():
-                lineage["data"][name]["tokens"] += n
-                lineage["data"][name]["skipped_records"] = len(inputs.raw[name].skipped)
-            log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
-            checkpoint = result.checkpoint
-            results.append(result)
-
-        lineage["metrics"] = results[-1].metrics
+        lineage.data = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
+        lineage.hygiene = dict(inputs.hygiene)
+        p = PipelineState(tracker, inputs, RunPlace(out, folder.run_id if folder is not None else None, resume),
+                          Planned(plans, comparison, recipe_model_config(recipe)), parent.runs,
+                          state.is_main_process and state.num_processes == 1, log=log)
+        results = _run_stages(recipe, p, lineage)
+        lineage.metrics = results[-1].metrics
         novella = out / "novella"
         if state.is_main_process:
-            write_novella(checkpoint, novella, lineage)
+            write_novella(results[-1].checkpoint, novella, lineage)
         state.wait_for_everyone()
-        result = PipelineResult(out, novella, run_id, lineage["metrics"], results)
+        result = PipelineResult(out, novella, parent.run_id, lineage.metrics, results)
         if state.is_main_process:  # evaluate, gate, model card, register: forge.eval.finish
-            result.evaluation = finish_novella(recipe, tracker, lineage, results, novella, inputs.sources, inputs.base,
-                                               plans, runs.stages, run_id, log)
-            result.version = lineage["evaluation"].get("version")
+            done = NovellaRun(novella, lineage, results, inputs.sources, inputs.base, plans, parent.runs.stages,
+                              parent.run_id)
+            result.evaluation = finish_novella(recipe, done, tracker, log)
+            result.version = lineage.evaluation.version if lineage.evaluation is not None else None
             result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
-        tracker.log_dict(lineage, "lineage.json")
-        tracker.log_summary("novella", lineage["metrics"])
-        rows = [stage_row(record, plans.get(record["name"])) for record in lineage["stages"]]
-        tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
-        tracker.describe(pipeline_note(lineage, rows, result.model_uri))
+        _log_novella(tracker, lineage, plans, result.model_uri)
     return result
+
+
+def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> list[Any]:
+    """Each stage from the previous one's output (the first from the base), its record added to
+    `lineage` and, with `eval.after_each_stage`, its output evaluated as soon as it ends."""
+    state, inputs = process_state(), p.inputs
+    checkpoint, results = inputs.base, []
+    each = recipe.eval is not None and recipe.eval.after_each_stage
+    evaluator = StageEvaluator(recipe, inputs.sources, inputs.base, p.place.out, p.tracker, p.log) \
+        if each and state.is_main_process else None
+    for i, stage in enumerate(recipe.stages):
+        p.log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
+        result, record = run_stage(i, stage, checkpoint, p)
+        if evaluator is not None:  # into the stage's run now, before the next stage's run starts
+            record.evaluation = evaluator.after(stage.name, result.checkpoint, p.runs.stages.get(stage.name))
+        if each:
+            state.wait_for_everyone()
+        lineage.stages.append(record)
+        for name, n in result.tokens_by_source.items():
+            lineage.data[name].tokens += n
+            lineage.data[name].skipped_records = len(inputs.raw[name].skipped)
+        p.log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+        checkpoint = result.checkpoint
+        results.append(result)
+    return results
+
+
+def _log_novella(tracker: Tracker, lineage: Lineage, plans: dict[str, Any], model_uri: str | None) -> None:
+    """The parent run's record of the Novella: lineage.json, final figures, the stage table, its note."""
+    tracker.log_dict(lineage.to_dict(), "lineage.json")
+    tracker.log_summary("novella", lineage.metrics)
+    rows = [stage_row(record, plans.get(record.name)) for record in lineage.stages]
+    tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
+    tracker.describe(pipeline_note(lineage, rows, model_uri))

@@ -11,26 +11,26 @@ import mlflow
 import pytest
 
 from forge.errors import ForgeError
-from forge.track import Tracker
+from forge.track import MlflowTracker
 
 
 def test_store_is_created_whole_and_reused(tmp_path):
     db = tmp_path / "mlflow.db"
-    Tracker(f"sqlite:///{db}", "e")
+    MlflowTracker(f"sqlite:///{db}", "e")
     assert db.is_file() and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from alembic_version").fetchone()[0] == 1
-    Tracker(f"sqlite:///{db}", "e")  # a second process opens it as it is
+    MlflowTracker(f"sqlite:///{db}", "e")  # a second process opens it as it is
 
 
 def test_damaged_store_is_a_clear_error_and_an_empty_file_is_replaced(tmp_path):
     db = tmp_path / "mlflow.db"
     db.write_bytes(b"")  # holds nothing: made into a store
-    Tracker(f"sqlite:///{db}", "e")
+    MlflowTracker(f"sqlite:///{db}", "e")
     db.write_bytes(b"this is not a database" * 100)
     start = time.monotonic()
     with pytest.raises(ForgeError, match=r"MLflow store .*mlflow\.db.*move it aside"):
-        Tracker(f"sqlite:///{db}", "e")
+        MlflowTracker(f"sqlite:///{db}", "e")
     assert time.monotonic() - start < 20  # no minute of retries
 
 
@@ -41,18 +41,18 @@ def test_half_built_store_is_a_clear_error(tmp_path):
         conn.execute("insert into alembic_version values ('451aebb31d03')")
         conn.execute("create table experiments (experiment_id integer)")
     with pytest.raises(ForgeError, match=r"(?s)mlflow\.db.*schema.*451aebb31d03.*move it aside"):
-        Tracker(f"sqlite:///{db}", "e")
+        MlflowTracker(f"sqlite:///{db}", "e")
 
 
 def test_locked_store_fails_fast(tmp_path):
     db = tmp_path / "mlflow.db"
-    Tracker(f"sqlite:///{db}", "e")
+    MlflowTracker(f"sqlite:///{db}", "e")
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("begin exclusive")
     try:
         start = time.monotonic()
         with pytest.raises(ForgeError, match=r"MLflow store .*mlflow\.db.*locked"):
-            Tracker(f"sqlite:///{db}", "e")
+            MlflowTracker(f"sqlite:///{db}", "e")
         assert time.monotonic() - start < 30
     finally:
         holder.execute("rollback")
@@ -72,7 +72,7 @@ def _failing(monkeypatch, tracker, name: str, times: int):
 
 
 def test_buffer_mode_keeps_going_and_delivers_later(tmp_path, monkeypatch, capsys):
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e", on_error="buffer")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e", on_error="buffer")
     _failing(monkeypatch, tracker, "log_metrics", 2)
     with tracker.run("r") as run_id:
         for step in (1, 2, 3):
@@ -84,7 +84,7 @@ def test_buffer_mode_keeps_going_and_delivers_later(tmp_path, monkeypatch, capsy
 
 
 def test_fail_mode_stops_with_a_forge_error_and_ends_the_run_failed(tmp_path, monkeypatch):
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
     _failing(monkeypatch, tracker, "log_metrics", 1)
     with pytest.raises(ForgeError, match=r"MLflow store failed .*metrics.*tracking\.on_error: buffer"):
         with tracker.run("r") as run_id:
@@ -93,9 +93,9 @@ def test_fail_mode_stops_with_a_forge_error_and_ends_the_run_failed(tmp_path, mo
 
 
 def test_fresh_run_marks_runs_left_running_failed(tmp_path):
-    from forge.stages.runner import RunIds
+    from forge.track.runs import RunIds
 
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name("e").experiment_id
     parent, child = client.create_run(exp).info.run_id, client.create_run(exp).info.run_id  # a killed run's
@@ -107,7 +107,7 @@ def test_fresh_run_marks_runs_left_running_failed(tmp_path):
 
 def test_store_gone_at_the_end_never_hides_the_error(tmp_path, monkeypatch, capsys):
     """An output made read-only mid-run: the run's own error is what the user sees."""
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
 
     def readonly(*args, **kwargs):
         raise mlflow.exceptions.MlflowException("attempt to write a readonly database")
@@ -124,5 +124,5 @@ def test_store_gone_at_the_end_never_hides_the_error(tmp_path, monkeypatch, caps
 def test_unreachable_server_fails_fast():
     start = time.monotonic()
     with pytest.raises(ForgeError, match=r"MLflow store http://127\.0\.0\.1:9: cannot be used"):
-        Tracker("http://127.0.0.1:9", "e")
+        MlflowTracker("http://127.0.0.1:9", "e")
     assert time.monotonic() - start < 30

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from forge.story import model_description
-from forge.track import Tracker, metric_name
+from forge.lineage import Lineage
+from forge.track.notes import model_description
+from forge.track import MlflowTracker, metric_name
 
 
 @pytest.mark.parametrize("key, name", [
@@ -24,7 +25,7 @@ def test_every_stage_kinds_curves_have_a_section(key, name):
 
 
 def test_summary_into_a_finished_run_by_id(tmp_path):
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
     with tracker.run("parent"):
         with tracker.run("stage") as stage:
             pass
@@ -40,6 +41,7 @@ def test_version_description_is_the_lineage_then_the_card_cut_to_fit():
     lineage = {"name": "acme", "base": {"spec": "/models/base"}, "stages": [{"name": "sft", "kind": "sft"}],
                "data": {"qa": {"sha256": "ab" * 32, "tokens": 1200}}, "metrics": {"loss": 0.5}}
     card = "# acme\n\n## Evaluation\n\n" + "| ppl.qa | 12 |\n" * 600
+    lineage = Lineage.model_validate(lineage)
     text = model_description(lineage, "run1", card)
     assert text.startswith("Novella **acme**: /models/base customized by sft (sft).")
     assert "\n## Evaluation" in text and "# acme" not in text

@@ -71,7 +71,7 @@ def stop_ui(proc: subprocess.Popen) -> list[psutil.Process]:
 
 @pytest.mark.slow
 def test_start_health_url_and_clean_stop(tmp_path):
-    from forge.track import Tracker
+    from forge.track import MlflowTracker as Tracker
 
     Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny")  # a store with one experiment
     port = free_port()

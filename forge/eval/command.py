@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from forge.errors import ForgeError
+from forge.quiet import quiet_libraries
 from forge.recipe.data import DataSource, Strict
 from forge.recipe.eval import EvalBlock
 
@@ -94,7 +95,6 @@ def _recipe_models(recipe, base: Path) -> dict[str, Path]:
 
 
 def run(args) -> int:
-    from forge.cli import _quiet_libraries
     from forge.eval.finish import NOVELLA, Evaluation, log_comparison
     from forge.eval.gates import check_gates
     from forge.eval.report import format_table, plot, to_markdown, write_json
@@ -102,12 +102,12 @@ def run(args) -> int:
 
     if bool(args.recipe) == bool(args.models):
         raise ForgeError("give a recipe, or --models with --suite")
-    _quiet_libraries()
+    quiet_libraries()
     tracked = None
     if args.recipe:
         from forge.inputs import prepare_inputs
         from forge.recipe import load_recipe
-        from forge.stages.runner import RunIds
+        from forge.track.runs import RunIds
 
         recipe = load_recipe(args.recipe, args.overrides)
         inputs = prepare_inputs(recipe, Path(recipe.output))
@@ -134,10 +134,10 @@ def run(args) -> int:
     if args.chart:
         plot(comparison, args.chart)
     if tracked:
-        from forge.track import Tracker
+        from forge.track import MlflowTracker
 
         recipe, runs = tracked
-        tracker = Tracker(recipe.tracking_uri, recipe.experiment)
+        tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment)
         with tracker.run(recipe.name, run_id=runs.parent):
             last = recipe.stages[-1].name  # the Novella is the last stage's output
             log_comparison(tracker, ev, {**runs.stages, NOVELLA: runs.stages[last]} if last in runs.stages else runs.stages)

@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 
 from forge.errors import ForgeError
-from forge.eval.perplexity import source_losses
-from forge.pyfunc import load_function
+from forge.lm.perplexity import source_losses
+from forge.usercode import load_function
 
 
 def perplexity(model, blocks: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, float]:

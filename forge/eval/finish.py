@@ -3,18 +3,20 @@ stages' outputs if asked, and the Novella), check the gates, record it all in li
 write MODEL_CARD.md, and register with `candidate` (and the deployment alias if it earned it)."""
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from forge.eval.card import write_model_card
 from forge.eval.gates import GateResult, check_gates, passed
-from forge.eval.registry import Decision, register
+from forge.eval.registry import Decision, Standing, register
 from forge.eval.report import format_table, plot, to_markdown
 from forge.eval.stage_eval import open_cache
 from forge.eval.suite import NOVELLA, START, Comparison, primary_metric, resolve_suite, run_suite
-from forge.story import base_summary, model_description, plan_line
+from forge.lineage import ComputeRecord, EvaluationRecord, Lineage
+from forge.track.notes import base_summary, model_description, plan_line
+from forge.track.protocol import Tracker
 
 
 @dataclass
@@ -28,26 +30,41 @@ class Evaluation:
     def passed(self) -> bool:
         return passed(self.gates)
 
-    def record(self, suite) -> dict:
+    def record(self, suite: Any) -> EvaluationRecord:
         """What lineage keeps (and the model card shows)."""
-        return {**self.comparison.as_dict(), "domain": suite.domain, "general": suite.general,
-                "primary": self.primary, "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
-                "markdown": to_markdown(self.comparison)}
+        return EvaluationRecord.model_validate(
+            {**self.comparison.as_dict(), "domain": suite.domain, "general": suite.general, "primary": self.primary,
+             "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
+             "markdown": to_markdown(self.comparison)})
 
 
-def compute_record(stages: list, results: list, plans: dict) -> dict:
+@dataclass
+class NovellaRun:
+    """What the pipeline hands the end of a run: the Novella folder and its lineage, the stages'
+    results, the inputs they read, the plans, and the MLflow runs (the parent's and each stage's)."""
+
+    novella: Path
+    lineage: Lineage
+    results: list[Any]            # forge.train.result.StageResult per stage, in order
+    sources: dict[str, Any]       # data source name -> forge.data.sources.Source (as trained on)
+    base: Path                    # the starting checkpoint
+    plans: dict[str, Any] = field(default_factory=dict)     # stage name -> StagePlan on the recipe's target
+    stage_runs: dict[str, str] = field(default_factory=dict)  # stage name -> MLflow run id
+    run_id: str | None = None     # the parent run
+
+
+def compute_record(stages: list[Any], results: list[Any], plans: dict[str, Any]) -> dict[str, ComputeRecord]:
     """Per training stage: planned (on the recipe's target) vs measured (here) steps, tokens, hours."""
     out = {}
     for stage, result in zip(stages, results):
         if not result.steps:
             continue
         plan = plans.get(stage.name)
-        out[stage.name] = {"steps": result.steps, "tokens": int(result.metrics.get("tokens", 0)),
-                           "train_hours": result.metrics.get("train_seconds", 0.0) / 3600}
-        if plan is not None:
-            out[stage.name].update({"target": plan.target, "planned_steps": plan.steps,
-                                    "planned_tokens": int(plan.tokens_trained), "planned_hours": plan.hours,
-                                    "planned_flops": plan.flops_total})
+        planned = {} if plan is None else {
+            "target": plan.target, "planned_steps": plan.steps, "planned_tokens": int(plan.tokens_trained),
+            "planned_hours": plan.hours, "planned_flops": plan.flops_total}
+        out[stage.name] = ComputeRecord(steps=result.steps, tokens=int(result.metrics.get("tokens", 0)),
+                                        train_hours=result.metrics.get("train_seconds", 0.0) / 3600, **planned)
     return out
 
 
@@ -65,7 +82,7 @@ def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict
     return ev, suite, models
 
 
-def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str], skip: set[str] = frozenset()) -> None:
+def log_comparison(tracker: Tracker, ev: Evaluation, stage_runs: dict[str, str], skip: set[str] = frozenset()) -> None:
     """Parent run: the Novella's figures, the table (text, Markdown, JSON) and the chart; each stage
     run that was evaluated (and is not in `skip`, runs that got them when their stage ended): its
     own figures. Single figures, so a summary (params `suite.*` and summary.json rows), not
@@ -82,17 +99,16 @@ def log_comparison(tracker, ev: Evaluation, stage_runs: dict[str, str], skip: se
             tracker.log_summary("suite", c.metrics[label], run_id=stage_runs[label])
 
 
-def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path, sources: dict, base: Path,
-                   plans: dict, stage_runs: dict[str, str], run_id: str | None, log=print) -> Evaluation:
+def finish_novella(recipe: Any, run: NovellaRun, tracker: Tracker, log: Callable[[str], None] = print) -> Evaluation:
     """Evaluate, gate, record, write the model card and register (rank 0 only)."""
-    out = Path(recipe.output)
-    cache = open_cache(resolve_suite(recipe.eval, recipe.stages, recipe.data), sources, out)
-    ev, suite, models = evaluate_run(recipe, base, results, novella, sources, log, cache)
+    out, lineage, stage_runs = Path(recipe.output), run.lineage, run.stage_runs
+    cache = open_cache(resolve_suite(recipe.eval, recipe.stages, recipe.data), run.sources, out)
+    ev, suite, models = evaluate_run(recipe, run.base, run.results, run.novella, run.sources, log, cache)
     log(format_table(ev.comparison).rstrip())
     for g in ev.gates:
         log(f"gate {g.text}")
-    lineage["evaluation"] = ev.record(suite)
-    lineage["compute"] = compute_record(recipe.stages, results, plans)
+    lineage.evaluation = evaluation = ev.record(suite)
+    lineage.compute = compute_record(recipe.stages, run.results, run.plans)
     last = recipe.stages[-1].name  # the Novella is the last stage's output: its run gets those figures
     runs = {**stage_runs, NOVELLA: stage_runs[last]} if last in stage_runs else dict(stage_runs)
     done = {r for label, r in runs.items() if label in models and cache.logged(models[label], r)}
@@ -101,28 +117,32 @@ def finish_novella(recipe, tracker, lineage: dict, results: list, novella: Path,
         if label in models and r not in done:
             cache.mark_logged(models[label], r)
     if recipe.tracking.register_model:
-        tags = {"forge.base": base_summary(lineage["base"]["spec"]),
-                "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run_id or "",
-                "forge.gates": "pass" if ev.passed else "fail",
-                **{f"forge.data.{n}": d["sha256"][:16] for n, d in lineage["data"].items()},
-                **{f"forge.gate.{g.metric}": g.text for g in ev.gates},
-                **{f"forge.compute.{s}.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
-                   for s, c in lineage["compute"].items() for k, v in c.items()},
-                "forge.plan": "; ".join(f"{s.name}: {plan_line(plans.get(s.name))}" for s in recipe.stages)}
         value = ev.comparison.metrics[NOVELLA].get(ev.primary)
         if value is None:
-            value = lineage["metrics"].get(ev.primary)
-        version, ev.decision = register(tracker, novella, recipe.name, recipe.tracking.alias, tags, ev.primary,
-                                        value, ev.passed)
+            value = lineage.metrics.get(ev.primary)
+        version, ev.decision = register(tracker, run.novella, recipe.name, recipe.tracking.alias,
+                                        registry_tags(recipe, run, ev), Standing(ev.primary, value, ev.passed))
         taken = "took" if ev.decision.promote else "did not take"
-        lineage["evaluation"]["alias"] = (f"version {version} is `candidate`; it {taken} `{recipe.tracking.alias}` "
-                                          f"({ev.decision.reason})")
-        lineage["evaluation"]["version"] = version
-    (Path(novella) / "lineage.json").write_text(json.dumps(lineage, indent=2))
-    card = write_model_card(novella, lineage, suite.intended_use, suite.limitations)
+        evaluation.alias = (f"version {version} is `candidate`; it {taken} `{recipe.tracking.alias}` "
+                            f"({ev.decision.reason})")
+        evaluation.version = version
+    lineage.write(Path(run.novella) / "lineage.json")
+    card = write_model_card(run.novella, lineage, suite.intended_use, suite.limitations)
     tracker.log_artifact(card)
-    version = lineage["evaluation"].get("version")
-    if version is not None:  # the version's page: the lineage in brief, then the card
-        tracker.describe_model(recipe.name, version, model_description(lineage, run_id, card.read_text()),
-                               model_description(lineage, run_id))
+    if evaluation.version is not None:  # the version's page: the lineage in brief, then the card
+        tracker.describe_model(recipe.name, evaluation.version, model_description(lineage, run.run_id, card.read_text()),
+                               model_description(lineage, run.run_id))
     return ev
+
+
+def registry_tags(recipe: Any, run: NovellaRun, ev: Evaluation) -> dict[str, str]:
+    """The registered version's tags: base, stages, run, gates, data hashes, compute and plan."""
+    lineage = run.lineage
+    return {"forge.base": base_summary(lineage.base.spec),
+            "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run.run_id or "",
+            "forge.gates": "pass" if ev.passed else "fail",
+            **{f"forge.data.{n}": d.sha256[:16] for n, d in lineage.data.items()},
+            **{f"forge.gate.{g.metric}": g.text for g in ev.gates},
+            **{f"forge.compute.{s}.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
+               for s, c in (lineage.compute or {}).items() for k, v in c.model_dump().items()},
+            "forge.plan": "; ".join(f"{s.name}: {plan_line(run.plans.get(s.name))}" for s in recipe.stages)}

@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from forge.recipe.eval import higher_is_better
+from forge.track.protocol import Tracker
 
 CANDIDATE = "candidate"
 PRIMARY_METRIC, PRIMARY_VALUE = "forge.primary_metric", "forge.primary_value"
+
+
+@dataclass
+class Standing:
+    """How a new version stands: the recipe's primary metric, its value, and whether the gates passed."""
+
+    metric: str
+    value: float | None
+    gates_ok: bool
 
 
 @dataclass
@@ -39,15 +50,16 @@ def decide(metric: str, value: float | None, gates_ok: bool, current: tuple[int,
     return Decision(better, f"{metric} {value:.4g} {word} version {version}'s {held:.4g}", version if better else None)
 
 
-def register(tracker, model_dir, name: str, alias: str, tags: dict[str, str], metric: str,
-             value: float | None, gates_ok: bool) -> tuple[int | None, Decision]:
+def register(tracker: Tracker, model_dir: Path | str, name: str, alias: str, tags: dict[str, str],
+             standing: Standing) -> tuple[int | None, Decision]:
     """Register the Novella as `candidate`; promote it to `alias` if the decision says so."""
+    metric, value = standing.metric, standing.value
     tags = {**tags, PRIMARY_METRIC: metric, PRIMARY_VALUE: "" if value is None else repr(float(value))}
     if alias == CANDIDATE:  # the pre-gates behaviour, asked for explicitly: every run takes it
         return tracker.register_model(model_dir, name, CANDIDATE, tags), Decision(True, "alias is candidate")
     current = tracker.alias_version(name, alias)
     version = tracker.register_model(model_dir, name, CANDIDATE, tags)
-    decision = decide(metric, value, gates_ok, current)
+    decision = decide(metric, value, standing.gates_ok, current)
     if version is not None and decision.promote:
         if current is not None:
             tracker.set_alias(name, f"previous-{alias}", current[0])

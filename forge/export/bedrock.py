@@ -11,6 +11,7 @@ import re
 
 from forge.errors import ForgeError
 from forge.export.compat import rules
+from forge.lineage import Lineage
 
 # A chat template for a model that has none, so Bedrock's Converse API can still format turns.
 DEFAULT_CHAT_TEMPLATE = (
@@ -76,17 +77,17 @@ def job_name(model: str, now: dt.datetime | None = None) -> str:
     return f"{model[:63 - len(stamp) - 1].rstrip('-_')}-{stamp}".replace("_", "-")
 
 
-def lineage_tags(lineage: dict | None, extra: dict[str, str] | None = None) -> list[dict]:
+def lineage_tags(lineage: Lineage | None, extra: dict[str, str] | None = None) -> list[dict]:
     """Bedrock tags (key <= 128, value <= 256 characters, Bedrock's character set) carrying the lineage."""
     tags: dict[str, str] = {}
     if lineage:
-        base = lineage.get("base", {}).get("spec")
-        tags["forge:recipe"] = str(lineage.get("name", ""))
+        base = lineage.base.spec
+        tags["forge:recipe"] = lineage.name
         tags["forge:base"] = base if isinstance(base, str) else "scratch"
-        tags["forge:stages"] = ",".join(f"{s['name']}/{s['kind']}" for s in lineage.get("stages", []))
-        tags["forge:created"] = str(lineage.get("created", ""))
-        for name, data in sorted(lineage.get("data", {}).items()):
-            tags[f"forge:data:{name}"] = str(data.get("sha256", ""))[:16]
+        tags["forge:stages"] = ",".join(f"{s.name}/{s.kind}" for s in lineage.stages)
+        tags["forge:created"] = lineage.created
+        for name, data in sorted(lineage.data.items()):
+            tags[f"forge:data:{name}"] = data.sha256[:16]
     tags.update(extra or {})
     return [{"key": TAG_CHARS.sub("_", k)[:128], "value": TAG_CHARS.sub("_", v)[:256]}
             for k, v in list(tags.items())[:50]]

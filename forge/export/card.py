@@ -1,31 +1,31 @@
 """MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to import it."""
 from __future__ import annotations
 
+from forge.lineage import Lineage
 
-def model_card(name: str, lineage: dict | None, config: dict, info: dict) -> str:
+
+def model_card(name: str, lineage: Lineage | None, config: dict, info: dict) -> str:
     lines = [f"# {name}", "",
              f"A {info['architecture']} model ({info['parameters']:,} parameters, {info['dtype']} weights, "
              f"context {config.get('max_position_embeddings', config.get('n_positions', '?'))}) exported by forge "
              f"in the {'Amazon Bedrock Custom Model Import' if info['format'] == 'bedrock' else 'Hugging Face'} "
              "layout. `forge-manifest.json` holds the sha256 of every file and the full lineage.", ""]
     if lineage:
-        base = lineage.get("base", {}).get("spec")
-        lines += ["## Lineage", "", f"- recipe: `{lineage.get('name')}` (created {lineage.get('created')}, "
-                  f"forge {lineage.get('forge_version')})",
+        base = lineage.base.spec
+        lines += ["## Lineage", "", f"- recipe: `{lineage.name}` (created {lineage.created}, "
+                  f"forge {lineage.forge_version})",
                   f"- base: `{base if isinstance(base, str) else 'built from scratch: ' + str(base)}`", ""]
-        if lineage.get("stages"):
+        if lineage.stages:
             lines += ["| stage | kind | steps | tokens | final metrics |", "|---|---|---|---|---|"]
-            for s in lineage["stages"]:
-                tokens = sum((s.get("tokens_by_source") or {}).values())
-                metrics = ", ".join(f"{k}={v:.4g}" for k, v in (s.get("metrics") or {}).items()
-                                    if k in ("loss", "eval_loss"))
-                lines.append(f"| {s['name']} | {s['kind']} | {s.get('steps', '')} | {tokens:,} | {metrics} |")
+            for s in lineage.stages:
+                tokens = sum(s.tokens_by_source.values())
+                metrics = ", ".join(f"{k}={v:.4g}" for k, v in s.metrics.items() if k in ("loss", "eval_loss"))
+                lines.append(f"| {s.name} | {s.kind} | {s.steps} | {tokens:,} | {metrics} |")
             lines.append("")
-        if lineage.get("data"):
+        if lineage.data:
             lines += ["| data source | proprietary | tokens trained | sha256 |", "|---|---|---|---|"]
-            for n, d in sorted(lineage["data"].items()):
-                lines.append(f"| {n} | {'yes' if d.get('proprietary') else 'no'} | {d.get('tokens', 0):,} | "
-                             f"`{str(d.get('sha256', ''))[:16]}` |")
+            for n, d in sorted(lineage.data.items()):
+                lines.append(f"| {n} | {'yes' if d.proprietary else 'no'} | {d.tokens:,} | `{d.sha256[:16]}` |")
             lines.append("")
     else:
         lines += ["## Lineage", "", "Not recorded (the source was not a forge Novella).", ""]

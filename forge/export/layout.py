@@ -24,6 +24,7 @@ from forge.export import bedrock, compat
 from forge.export.card import model_card
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import atomic_dir
+from forge.lineage import Lineage
 
 MANIFEST = "forge-manifest.json"
 JOB_REQUEST = "bedrock-import-job.json"
@@ -62,7 +63,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
     sizes = {n: _numel(s) * (TORCH[opts.dtype].itemsize if dt_.is_floating_point else dt_.itemsize)
              for n, (dt_, s) in specs.items()}
-    name = opts.model_name or bedrock.model_name((src.lineage or {}).get("name") or src.model_folder.name)
+    name = opts.model_name or bedrock.model_name(src.lineage.name if src.lineage else src.model_folder.name)
     job = opts.job_name or bedrock.job_name(name)
     bedrock.check(config_out, tok_out.get("tokenizer_class") if tok_config else None, sum(sizes.values()),
                   is_bedrock, importedModelName=name, jobName=job)
@@ -96,7 +97,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
                        "run_id": src.run_id, "tracking_uri": redact_uri(src.tracking_uri), "versions": src.versions},
             "config_changes": config_changes, "tokenizer_changes": tok_changes,
             "files": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())},
-            "lineage": src.lineage,
+            "lineage": src.lineage.to_dict() if src.lineage else None,
         }
         if opts.verify:
             from forge.export.verify import verify
@@ -115,7 +116,8 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
 def write_job_request(folder: Path, role_arn: str, s3_uri: str, job: str | None = None) -> dict:
     """bedrock-import-job.json for an export folder, its tags carrying the lineage and manifest hash."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    tags = bedrock.lineage_tags(manifest.get("lineage"), {"forge:manifest_sha256": sha256(folder / MANIFEST)})
+    lineage = Lineage.model_validate(manifest["lineage"]) if manifest.get("lineage") else None
+    tags = bedrock.lineage_tags(lineage, {"forge:manifest_sha256": sha256(folder / MANIFEST)})
     request = bedrock.job_request(job or manifest["names"]["jobName"], manifest["names"]["importedModelName"],
                                   role_arn, s3_uri, tags)
     (folder / JOB_REQUEST).write_text(json.dumps(request, indent=2) + "\n")

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from forge.errors import ForgeError
+from forge.lineage import Lineage
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -22,7 +23,7 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 class Source:
     spec: str                        # what the user named
     folder: Path                     # HF checkpoint, or a LoRA adapter whose base is `base`
-    lineage: dict | None = None
+    lineage: Lineage | None = None
     tracking_uri: str | None = None  # where the Novella's run lives, when known
     run_id: str | None = None
     versions: list[str] = field(default_factory=list)  # registry 'name/version's made from the run
@@ -81,9 +82,9 @@ def _need_uri(spec: str, uri: str | None) -> str:
     return uri
 
 
-def _read_lineage(folder: Path) -> dict | None:
+def _read_lineage(folder: Path) -> Lineage | None:
     path = Path(folder) / "lineage.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return Lineage.read(path) if path.is_file() else None
 
 
 def _recipe_tracking_uri(novella: Path) -> str | None:

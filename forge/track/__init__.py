@@ -1,7 +1,11 @@
-"""The one place that talks to MLflow (only this package imports it).
+"""The one place that talks to MLflow (only this package imports it), and what forge records there.
 
-    tracker.py   the Tracker: runs (a parent per pipeline, a child per stage), params, metrics,
+    protocol.py  the Tracker and StageTracker protocols stages and the pipeline are typed with
+                 (no MLflow import)
+    tracker.py   MlflowTracker: runs (a parent per pipeline, a child per stage), params, metrics,
                  summaries, descriptions, datasets, artifacts; store faults (fail or buffer)
+    runs.py      the output folder's run ids (tracking.json) and the pipeline's parent run
+    notes.py     the Markdown a run page, a stage's run and a registered version show (plain text)
     names.py     metric names in chart sections (train/, eval/, data/, system/), single figures
                  as text, flattened params, MLflow's limits (no MLflow import)
     store.py     the SQLite store created whole and checked; a server reached without retries
@@ -15,9 +19,12 @@ another schema, locked: a forge error naming it, at once, not after MLflow's min
 from forge.track.export import fetch_registered_model, find_novella_run, log_export, registered_versions_of_run
 from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
                                metric_name, summary_value)
+from forge.track.protocol import StageTracker, Tracker
+from forge.track.runs import RUNS_FILE, ParentRun, RunIds, parent_run
 from forge.track.store import prepare_sqlite_store, quiet_mlflow
-from forge.track.tracker import Tracker, null_tracker
+from forge.track.tracker import MlflowTracker, null_tracker
 
-__all__ = ["MAX_PARAM_KEY", "MAX_PARAM_VALUE", "METRICS_PER_BATCH", "PARAMS_PER_BATCH", "Tracker",
-           "fetch_registered_model", "find_novella_run", "flatten", "log_export", "metric_name", "null_tracker",
+__all__ = ["MAX_PARAM_KEY", "MAX_PARAM_VALUE", "METRICS_PER_BATCH", "PARAMS_PER_BATCH", "RUNS_FILE",
+           "MlflowTracker", "ParentRun", "RunIds", "StageTracker", "Tracker", "fetch_registered_model",
+           "find_novella_run", "flatten", "log_export", "metric_name", "null_tracker", "parent_run",
            "prepare_sqlite_store", "quiet_mlflow", "registered_versions_of_run", "summary_value"]

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.lineage import Lineage
+
 
 def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike) -> dict:
     """Download a registered Novella (`models:/name@alias` or `models:/name/version`) into `dest`
@@ -59,20 +61,20 @@ def registered_versions_of_run(run_id: str, tracking_uri: str) -> list[tuple[str
     return [(v.name, str(v.version)) for v in client.search_model_versions(f"run_id = '{run_id}'")]
 
 
-def find_novella_run(tracking_uri: str, lineage: dict) -> str | None:
+def find_novella_run(tracking_uri: str, lineage: Lineage) -> str | None:
     """The pipeline run that wrote a Novella: its logged lineage.json equals the folder's."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient()
-    filter_ = f"tags.`forge.pipeline` = 'novella' and tags.`forge.recipe` = '{lineage.get('name', '')}'"
+    filter_ = f"tags.`forge.pipeline` = 'novella' and tags.`forge.recipe` = '{lineage.name}'"
     for exp in client.search_experiments():
         for run in client.search_runs([exp.experiment_id], filter_, max_results=50):
             with tempfile.TemporaryDirectory() as tmp, contextlib.suppress(Exception):
                 path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="lineage.json",
                                                            dst_path=tmp)
                 logged = json.loads(Path(path).read_text())
-                if logged.get("created") == lineage.get("created") and logged.get("base") == lineage.get("base"):
+                if logged.get("created") == lineage.created and logged.get("base") == lineage.base.model_dump():
                     return run.info.run_id
     return None
 

@@ -1,5 +1,5 @@
 """The model registry: a Novella logged as an MLflow transformers model and registered, its
-aliases, version tags and descriptions (forge.track.Tracker calls these on rank 0)."""
+aliases, version tags and descriptions (forge.track.MlflowTracker calls these on rank 0)."""
 from __future__ import annotations
 
 import logging

@@ -1,8 +1,9 @@
-"""The Tracker: forge's runs (one parent per pipeline, a nested child per stage), their params,
-metrics, summaries, descriptions, datasets and artifacts, and the registry calls, through MLflow.
+"""MlflowTracker (forge.track.protocol.Tracker through MLflow): forge's runs (one parent per pipeline,
+a nested child per stage), their params, metrics, summaries, descriptions, datasets and artifacts,
+and the registry calls.
 
 It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
-batches; only rank 0 logs (other ranks get a Tracker with `enabled=False`, which does nothing). A
+batches; only rank 0 logs (other ranks get a tracker with `enabled=False`, which does nothing). A
 run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
 Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
 and retried while training goes on (`on_error="buffer"`), saying so.
@@ -26,7 +27,7 @@ from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH
 from forge.track.store import fail_fast, prepare_sqlite_store
 
 
-class Tracker:
+class MlflowTracker:
     """Runs, params, metrics, datasets, artifacts and the model registry, through MLflow."""
 
     def __init__(self, uri: str, experiment: str, enabled: bool = True, artifact_dir: str | None = None,
@@ -315,6 +316,6 @@ def _signals_deferred() -> Iterator[None]:
                 signal.raise_signal(signum)
 
 
-def null_tracker() -> Tracker:
+def null_tracker() -> MlflowTracker:
     """For ranks other than 0, and for code paths that must not log."""
-    return Tracker("", "", enabled=False)
+    return MlflowTracker("", "", enabled=False)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from forge.eval.card import model_card
+from forge.lineage import Lineage
 from forge.eval.gates import check_gates, passed
-from forge.eval.registry import decide, register
+from forge.eval.registry import Standing, decide, register
 from forge.eval.report import format_table, to_markdown
 from forge.eval.suite import Comparison
 from forge.recipe.eval import EvalBlock
-from forge.story import base_summary
+from forge.track.notes import base_summary
 
 
 def _suite(**gates):
@@ -54,17 +55,17 @@ class FakeRegistry:
 
 def test_champion_promotion_demotion_and_a_failing_gate_withholding_the_alias():
     reg = FakeRegistry()
-    v1, d1 = register(reg, "m", "novella", "champion", {}, "ppl.med", 20.0, True)
+    v1, d1 = register(reg, "m", "novella", "champion", {}, Standing("ppl.med", 20.0, True))
     assert d1.promote and reg.aliases == {"candidate": 1, "champion": 1}
     # worse on the primary metric: candidate only
-    v2, d2 = register(reg, "m", "novella", "champion", {}, "ppl.med", 25.0, True)
+    v2, d2 = register(reg, "m", "novella", "champion", {}, Standing("ppl.med", 25.0, True))
     assert not d2.promote and reg.aliases == {"candidate": 2, "champion": 1}
     assert "does not beat version 1's 20" in d2.reason and reg.versions[2]["forge.champion"] == "no"
     # better but a gate failed: saved and registered, no alias
-    v3, d3 = register(reg, "m", "novella", "champion", {}, "ppl.med", 10.0, False)
+    v3, d3 = register(reg, "m", "novella", "champion", {}, Standing("ppl.med", 10.0, False))
     assert not d3.promote and reg.aliases["champion"] == 1 and reg.aliases["candidate"] == 3
     # better with gates passing: promoted, the old champion demoted to previous-champion
-    v4, d4 = register(reg, "m", "novella", "champion", {}, "ppl.med", 15.0, True)
+    v4, d4 = register(reg, "m", "novella", "champion", {}, Standing("ppl.med", 15.0, True))
     assert d4.promote and reg.aliases == {"candidate": 4, "champion": 4, "previous-champion": 1}
     assert reg.versions[4]["forge.primary_metric"] == "ppl.med" and float(reg.versions[4]["forge.primary_value"]) == 15.0
     # higher-is-better metrics compare the other way; another metric is not comparable
@@ -72,7 +73,7 @@ def test_champion_promotion_demotion_and_a_failing_gate_withholding_the_alias():
                                                        "forge.primary_value": "0.8"})).promote
     assert not decide("ppl.web", 1.0, True, (4, reg.versions[4])).promote
     # alias: candidate keeps the old behaviour: every run takes it
-    _, d = register(reg, "m", "novella", "candidate", {}, "ppl.med", 99.0, False)
+    _, d = register(reg, "m", "novella", "candidate", {}, Standing("ppl.med", 99.0, False))
     assert d.promote and reg.aliases["candidate"] == 5
 
 
@@ -109,7 +110,7 @@ def test_model_card_sections():
                               "gates": [{"text": "domain_ppl_decrease_min: ... FAIL by 0.1", "passed": False}]},
                "compute": {"cpt": {"steps": 10, "planned_steps": 10, "tokens": 1000, "planned_tokens": 1000,
                                    "train_hours": 0.01, "planned_hours": 0.02, "target": "local"}}}
-    card = model_card(lineage)
+    card = model_card(Lineage.model_validate(lineage))
     for section in ("## Intended use", "## Base", "## Stages", "## Data", "## Evaluation", "## Compute", "## Limitations"):
         assert section in card
     assert "hygiene.pii.email | 3" in card and "hygiene.pii.phone" not in card

@@ -8,6 +8,7 @@ import pytest
 
 from forge.errors import ForgeError
 from forge.export import bedrock, compat
+from forge.lineage import Lineage
 
 ROLE = "arn:aws:iam::123456789012:role/BedrockImport"
 
@@ -58,7 +59,7 @@ def test_tokenizer_config_translation():
 def _tags():
     lineage = {"name": "acme", "created": "2026-01-01T00:00:00+00:00", "base": {"spec": "/models/base (v1)"},
                "stages": [{"name": "cpt", "kind": "pretrain"}], "data": {"crm": {"sha256": "ab" * 32}}}
-    return bedrock.lineage_tags(lineage, {"forge:manifest_sha256": "cd" * 32})
+    return bedrock.lineage_tags(Lineage.model_validate(lineage), {"forge:manifest_sha256": "cd" * 32})
 
 
 def test_job_request_validates_against_botocore():

@@ -26,16 +26,16 @@ def _runs(tmp, out) -> tuple[mlflow.MlflowClient, dict[str, str]]:
 
 def _suite_logs(monkeypatch) -> list[tuple[str, float]]:
     """(run id, time in ms) of every `suite` summary the tracker writes."""
-    from forge.track import Tracker
+    from forge.track import MlflowTracker
 
-    calls, real = [], Tracker.log_summary
+    calls, real = [], MlflowTracker.log_summary
 
     def spy(self, section, values, run_id=None):
         if section == "suite":
             calls.append((run_id, time.time() * 1000))
         return real(self, section, values, run_id=run_id)
 
-    monkeypatch.setattr(Tracker, "log_summary", spy)
+    monkeypatch.setattr(MlflowTracker, "log_summary", spy)
     return calls
 
 

@@ -61,8 +61,7 @@ def test_dpo_loss_equals_trl(tmp_path, tiny_checkpoint, loss):
                       "labels": batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)}
         logps, tokens = pair_logps(policy, ours_batch, "cpu")
         ref_logps, _ = pair_logps(ref, ours_batch, "cpu")
-        ours = dpo_loss(logps[:, 0], logps[:, 1], ref_logps[:, 0], ref_logps[:, 1], 0.3, 0.0, loss,
-                        tokens[:, 0], tokens[:, 1]).loss.item()
+        ours = dpo_loss(logps, ref_logps, 0.3, 0.0, loss, tokens).loss.item()
     assert abs(ours - theirs) < 1e-5, (ours, theirs)
     assert abs(ours - (0.6931 if loss == "sigmoid" else 1 / 0.6 ** 2)) > 1e-3  # not the trivial value
 
@@ -72,8 +71,9 @@ def test_label_smoothing_is_conservative_dpo():
     c, r, rc, rr = (torch.tensor([x]) for x in (-3.0, -5.0, -4.0, -4.5))
     delta = 0.2 * ((c - rc) - (r - rr))
     want = -(0.9 * torch.nn.functional.logsigmoid(delta) + 0.1 * torch.nn.functional.logsigmoid(-delta))
-    assert torch.allclose(dpo_loss(c, r, rc, rr, 0.2, 0.1).loss, want.mean())
-    assert dpo_loss(c, r, rc, rr, 0.2, 0.1).loss > dpo_loss(c, r, rc, rr, 0.2, 0.0).loss
+    policy, reference = torch.stack([c, r], dim=1), torch.stack([rc, rr], dim=1)
+    assert torch.allclose(dpo_loss(policy, reference, 0.2, 0.1).loss, want.mean())
+    assert dpo_loss(policy, reference, 0.2, 0.1).loss > dpo_loss(policy, reference, 0.2, 0.0).loss
 
 
 def test_cached_and_live_reference_give_the_same_loss(tmp_path, tiny_checkpoint):
@@ -129,7 +129,7 @@ def test_sample_tables_reach_mlflow_with_pairs_generations_and_implicit_rewards(
     and the implicit rewards; cached and live references give the same rewards."""
     import mlflow
 
-    from forge.track import Tracker
+    from forge.track import MlflowTracker as Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "dpo-samples")
     tables = {}

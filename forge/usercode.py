@@ -1,5 +1,5 @@
 """Load a Python function a recipe names as `path/to/file.py:function` (the file relative to the
-recipe) or `package.module:function`: the one loader behind reward sources (forge.stages.rewards)
+recipe) or `package.module:function`: the one loader behind reward sources (forge.lm.rewards)
 and custom evaluators (forge.eval.evaluators). Errors name the recipe field and the spec."""
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ import pytest
 
 from forge.errors import ForgeError
 from forge.eval.evaluators import load_custom
-from forge.pyfunc import load_function
-from forge.stages.rewards import Reward
+from forge.usercode import load_function
+from forge.lm.rewards import Reward
 from forge.recipe.settings import RewardSource
 
 

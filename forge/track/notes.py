@@ -1,11 +1,15 @@
-"""What a run page says at a glance: the Markdown descriptions of a pipeline's parent run, of each
-stage's run and of the registered model, and the parent's table of stages (planned vs measured).
+"""Run notes: the Markdown descriptions of a pipeline's parent run, of each stage's run and of the
+registered model version, and the parent's table of stages (planned vs measured).
 
-Plain functions over plain data (settings, plans, lineage records); forge/track/ logs the text.
+Plain text from plain records (stage settings, plans, the typed lineage); no MLflow import here:
+the tracker (forge.track.tracker) sets what these functions write.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from forge.lineage import Lineage, MergeRecord, StageRecord
 
 
 def _fmt(v: Any) -> str:
@@ -36,7 +40,7 @@ def base_summary(spec: Any) -> str:
     return f"scratch {s.get('arch', 'llama')}: {', '.join(shape)}"
 
 
-def plan_line(plan) -> str:
+def plan_line(plan: Any) -> str:
     """One line of a stage's plan: target, chips, layout, predicted time and cost."""
     if plan is None:
         return "not planned"
@@ -47,7 +51,7 @@ def plan_line(plan) -> str:
             f"${_fmt(plan.cost_usd)}, {_fmt(plan.chip_hours)} chip-hours")
 
 
-def stage_note(stage, checkpoint, result, plan, merge: dict | None = None) -> str:
+def stage_note(stage: Any, checkpoint: Path, result: Any, plan: Any, merge: MergeRecord | None = None) -> str:
     """The stage run's description: what ran, on what data, from which checkpoint, results, plan
     (and the merge-back, when the stage's output was interpolated toward its input)."""
     m = result.metrics
@@ -64,37 +68,37 @@ def stage_note(stage, checkpoint, result, plan, merge: dict | None = None) -> st
     if results:
         lines.append("- results: " + ", ".join(results))
     if merge:
-        lines.append(f"- merged back: {merge['weight']:g} of the trained weights (`{merge['trained_checkpoint']}`), "
+        lines.append(f"- merged back: {merge.weight:g} of the trained weights (`{merge.trained_checkpoint}`), "
                      "the rest from the input")
     lines.append(f"- plan: {plan_line(plan)}")
     return "\n".join(lines)
 
 
-def stage_row(record: dict, plan) -> dict:
+def stage_row(record: StageRecord, plan: Any) -> dict[str, Any]:
     """One row of the parent's stage table, from a stage's lineage record and its plan."""
-    m = record.get("metrics", {})
-    return {"stage": record["name"], "kind": record["kind"], "steps": record.get("steps", 0),
-            "tokens": int(m.get("tokens", sum(record.get("tokens_by_source", {}).values()))),
+    m = record.metrics
+    return {"stage": record.name, "kind": record.kind, "steps": record.steps,
+            "tokens": int(m.get("tokens", sum(record.tokens_by_source.values()))),
             "planned_s": round(plan.hours * 3600, 3) if plan is not None and plan.feasible else None,
             "measured_s": round(m["train_seconds"], 3) if "train_seconds" in m else None,
             "train_loss": m.get("loss"), "eval_loss": m.get("eval_loss")}
 
 
-def pipeline_note(lineage: dict, rows: list[dict], model_uri: str | None = None) -> str:
+def pipeline_note(lineage: Lineage, rows: list[dict[str, Any]], model_uri: str | None = None) -> str:
     """The parent run's description: base, data, the stages in a small table, the result."""
-    data = ", ".join(f"{n} ({_fmt(d.get('tokens', 0))} tokens)" for n, d in lineage.get("data", {}).items())
-    lines = [f"**{lineage['name']}**: {len(rows)} stage(s) from `{base_summary(lineage['base']['spec'])}`", "",
+    data = ", ".join(f"{n} ({_fmt(d.tokens)} tokens)" for n, d in lineage.data.items())
+    lines = [f"**{lineage.name}**: {len(rows)} stage(s) from `{base_summary(lineage.base.spec)}`", "",
              f"- data: {data or 'none'}"]
-    final = lineage.get("metrics", {})
-    start = (lineage.get("stages") or [{}])[0].get("metrics", {}).get("eval_loss_start")
+    final = lineage.metrics
+    start = lineage.stages[0].metrics.get("eval_loss_start") if lineage.stages else None
     if "eval_loss" in final:
         lines.append(f"- final eval loss {_fmt(final['eval_loss'])}" + (f" (start {_fmt(start)})" if start else ""))
-    ev = lineage.get("evaluation") or {}
-    if ev.get("gates"):
-        lines.append(f"- gates: {'pass' if ev.get('passed') else 'FAIL'} ("
-                     + "; ".join(g["text"] for g in ev["gates"]) + ")")
+    ev = lineage.evaluation
+    if ev is not None and ev.gates:
+        lines.append(f"- gates: {'pass' if ev.passed else 'FAIL'} ("
+                     + "; ".join(g.text for g in ev.gates) + ")")
     if model_uri:
-        lines.append(f"- registered: `{model_uri}`" + (f"; {ev['alias']}" if ev.get("alias") else ""))
+        lines.append(f"- registered: `{model_uri}`" + (f"; {ev.alias}" if ev is not None and ev.alias else ""))
     lines += ["", "| stage | kind | steps | tokens | planned | measured | train loss | eval loss |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -107,17 +111,16 @@ def pipeline_note(lineage: dict, rows: list[dict], model_uri: str | None = None)
     return "\n".join(lines)
 
 
-def model_description(lineage: dict, run_id: str | None, card: str | None = None, limit: int = 5000) -> str:
+def model_description(lineage: Lineage, run_id: str | None, card: str | None = None, limit: int = 5000) -> str:
     """The registered version's description: the lineage in brief, then the model card when there is
     one (without its title), cut at a line to fit MLflow's `limit` characters."""
-    stages = " -> ".join(f"{s['name']} ({s['kind']})" for s in lineage.get("stages", []))
-    lines = [f"Novella **{lineage['name']}**: {base_summary(lineage['base']['spec'])} customized by {stages}.", ""]
-    data = lineage.get("data", {})
-    if data:
-        lines.append("Data: " + ", ".join(f"{n} (sha256 {d.get('sha256', '')[:12]}, {_fmt(d.get('tokens', 0))} tokens"
-                                           + (", proprietary" if d.get("proprietary") else "") + ")"
-                                           for n, d in data.items()) + ".")
-    final = lineage.get("metrics", {})
+    stages = " -> ".join(f"{s.name} ({s.kind})" for s in lineage.stages)
+    lines = [f"Novella **{lineage.name}**: {base_summary(lineage.base.spec)} customized by {stages}.", ""]
+    if lineage.data:
+        lines.append("Data: " + ", ".join(f"{n} (sha256 {d.sha256[:12]}, {_fmt(d.tokens)} tokens"
+                                           + (", proprietary" if d.proprietary else "") + ")"
+                                           for n, d in lineage.data.items()) + ".")
+    final = lineage.metrics
     shown = {k: final[k] for k in ("eval_loss", "loss") if k in final}
     if shown:
         lines.append("Final: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()) + ".")
