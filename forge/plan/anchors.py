@@ -18,8 +18,9 @@ import yaml
 from forge.errors import ForgeError
 from forge.plan import workloads as W
 from forge.plan.flops import training_flops_per_token
-from forge.plan.hardware import PACKAGE_CATALOG, _read_yaml, deep_merge, get_system, resolve_name
+from forge.plan.hardware import PACKAGE_CATALOG, deep_merge, get_system, read_yaml, resolve_name
 from forge.plan.model import load_model_config, spec_from_config
+from forge.plan.stage_plan import plan_unbanded
 
 ANCHORS_FILE = Path(__file__).with_name("anchors.yaml")
 UNITS = ("tokens_per_s_per_chip", "sequences_per_s", "tflops_per_chip")
@@ -42,7 +43,7 @@ def load_anchors(path: str | Path = ANCHORS_FILE) -> list[dict]:
 
 def package_catalog() -> dict:
     """The built-in catalog alone: anchors judge forge's figures, not a user's overrides."""
-    data = _read_yaml(PACKAGE_CATALOG)
+    data = read_yaml(PACKAGE_CATALOG)
     data["files"] = [str(PACKAGE_CATALOG)]
     return data
 
@@ -90,8 +91,6 @@ class Replay:
 
 
 def replay(anchor: dict, catalog: dict | None = None) -> Replay:
-    from forge.plan.planner import plan_stage
-
     catalog = catalog if catalog is not None else package_catalog()
     system = get_system(anchor["target"], catalog)
     if anchor.get("hardware"):
@@ -102,8 +101,8 @@ def replay(anchor: dict, catalog: dict | None = None) -> Replay:
     fpt = training_flops_per_token(spec_from_config(config), anchor["seq_len"])
     wl = W.pretrain(anchor["name"], anchor["seq_len"], anchor["global_batch"], steps=1,
                     precision=anchor["precision"])
-    plan = plan_stage(config, wl, anchor["target"], anchor["chips"], catalog=catalog, stack=anchor["stack"],
-                      layout=dict(anchor.get("layout") or {}), band=False)
+    plan = plan_unbanded(config, wl, anchor["target"], anchor["chips"], catalog=catalog, stack=anchor["stack"],
+                      layout=dict(anchor.get("layout") or {}))
     published_s = published_step_seconds(anchor, fpt)
     unit = anchor["published"]["unit"]
     if not plan.feasible:

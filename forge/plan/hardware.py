@@ -35,7 +35,7 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -47,17 +47,17 @@ def _read_yaml(path: Path) -> dict:
 
 def load_catalog(extra_files: tuple[str | Path, ...] = ()) -> dict:
     """The merged catalog: package file, then the user file if it exists, then extra_files."""
-    data = _read_yaml(PACKAGE_CATALOG)
+    data = read_yaml(PACKAGE_CATALOG)
     files = [str(PACKAGE_CATALOG)]
     user = user_hardware_file()
     if user.is_file():
-        data = deep_merge(data, _read_yaml(user))
+        data = deep_merge(data, read_yaml(user))
         files.append(str(user))
     for extra in extra_files:
         path = Path(extra).expanduser()
         if not path.is_file():
             raise ForgeError(f"hardware file {path} does not exist")
-        data = deep_merge(data, _read_yaml(path))
+        data = deep_merge(data, read_yaml(path))
         files.append(str(path))
     data["files"] = files  # for error messages: which files made this catalog
     return data
