@@ -179,3 +179,46 @@ def test_scratch_base_is_keyed_by_its_settings_and_data():
     assert scratch_key(cfg, ["abc"]) == scratch_key(ScratchBase(tokenizer_sources=["general"]), ["abc"])
     assert scratch_key(cfg, ["abc"]) != scratch_key(cfg.model_copy(update={"hidden_size": 128}), ["abc"])
     assert scratch_key(cfg, ["abc"]) != scratch_key(cfg, ["abd"])  # the tokenizer's data changed
+
+
+def test_unknown_stage_kind_names_the_line_and_lists_the_allowed_kinds(tmp_path):
+    from forge.recipe import stage_kinds
+
+    msg = _error(write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, stages=[{"kind": "distill", "name": "x"}])))
+    assert "r.yaml:line " in msg and "stages[0]: 'kind' must be one of" in msg
+    assert f"'kind' must be one of {list(stage_kinds())}" in msg
+
+
+def test_a_settings_class_defined_here_is_a_stage_kind_the_recipe_accepts(tmp_path):
+    from typing import ClassVar, Literal
+
+    from forge.recipe import SETTINGS, TrainSettings, stage_kinds
+
+    class EchoStage(TrainSettings):
+        kind: Literal["echo"]
+        reads: ClassVar[str] = "chat"
+        data: list[str]
+
+        @property
+        def sources(self) -> dict[str, float]:
+            return dict.fromkeys(self.data, 1.0)
+
+        def source_paths(self) -> dict[str, str]:
+            return {name: f"data[{j}]" for j, name in enumerate(self.data)}
+
+    try:
+        assert stage_kinds()[-1] == "echo"
+        echo = {"name": "e", "kind": "echo", "data": ["general"], "max_steps": 2, "seq_len": 32}
+        path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, stages=[echo]))
+        # the generic checks apply: general is plain text, and an echo stage reads chat records
+        assert "stages[0].data[0]: data.general holds plain text, which a echo stage cannot read" in _error(path)
+        ok = base_recipe(tmp_path, stages=[echo], data={"general": {
+            "generate": {"kind": "stories", "documents": 3}, "chat": {"kind": "messages"}}})
+        ok["base"]["scratch"]["tokenizer_sources"] = ["general"]
+        recipe = load_recipe(write_recipe(tmp_path / "ok.yaml", ok))
+        assert isinstance(recipe.stages[0], EchoStage) and "kind: echo" in resolved_yaml(recipe)
+        echo["steps"] = 3
+        assert "stages[0].steps: unknown key" in _error(write_recipe(tmp_path / "x.yaml", base_recipe(tmp_path, stages=[echo])))
+    finally:
+        SETTINGS.pop("echo", None)
+    assert "echo" not in stage_kinds()
