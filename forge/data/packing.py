@@ -18,6 +18,11 @@ import torch
 IGNORE = -100
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its end-of-sequence token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def _check(examples: list[dict], seq_len: int) -> None:
     for i, ex in enumerate(examples):
         if not 0 < len(ex["input_ids"]) <= seq_len:

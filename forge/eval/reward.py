@@ -1,6 +1,6 @@
 """Mean reward: the model completes held-out prompts (as the rft stage prompts it: one user turn
-in the chat template, forge.stages.chat.generate) and the recipe's reward functions
-(forge.stages.rewards) score the completions. Reports `reward.<source>.mean` per source and
+in the chat template, forge.lm.generation.generate) and the recipe's reward functions
+(forge.lm.rewards) score the completions. Reports `reward.<source>.mean` per source and
 `reward.mean`, the weighted total the rft stage optimises.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
-from forge.stages.chat import generate
-from forge.stages.rewards import Reward, RewardError, unique_labels
+from forge.lm.generation import generate
+from forge.lm.rewards import Reward, RewardError, unique_labels
 
 
 def load_rewards(specs: list, root=None) -> list[Reward]:

@@ -14,7 +14,7 @@ from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
 from forge.kinds import row
 from forge.eval import evaluators as E
-from forge.eval.perplexity import source_blocks
+from forge.lm.perplexity import source_blocks
 from forge.eval.reward import load_rewards, mean_reward
 from forge.recipe.eval import EvalBlock
 

@@ -5,9 +5,9 @@ Pairs come from a preference source (`chat.kind: preference | hh`), tokenized wi
 template, labels on the replies. With `reference: cached` (the default) the reference's summed
 reply log-probs are computed once, before training, by a model that is then dropped, and kept
 on disk (`reference_logps.pt`, keyed by checkpoint and data), so the reference never sits in
-memory while the policy trains; `reference: live` keeps it and runs it every step. Held-out
-pairs give reward margin and accuracy at the start and the end; every `samples.every` steps a sample
-table (forge.stages.dpo_samples).
+memory while the policy trains; `reference: live` keeps it and runs it every step. Its own part
+of the loop (forge.train.loop.fit): pair batches, the preference loss with reward statistics,
+held-out reward margin and accuracy as the evaluation, and a sample table (forge.stages.samples).
 """
 from __future__ import annotations
 
@@ -21,20 +21,14 @@ from forge.data.examples import preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe.settings import DpoStage
-from forge.stages.chat import chat_spec, lora_wrap, mean_over_ranks, save_final, split_rows
-from forge.stages.dpo_samples import log_dpo_samples
+from forge.stages.post_data import chat_spec, split_rows
 from forge.stages.result import StageInputs, StageResult
-from forge.train.checkpoint import split_state
-from forge.train.meter import Meter
+from forge.stages.samples import log_dpo_samples
+from forge.stages.sft import tokens_by_source
+from forge.train.loop import Outcome, Task, fit
+from forge.train.losses import IGNORE, Loss
 from forge.train.preference import dpo_loss, sequence_logps
-from forge.train.progress import progress
-from forge.train.session import load_model, open_session
-from forge.train.state import TrainState
-from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, after_step
-
-IGNORE = -100
-
+from forge.train.session import Session, open_session
 
 def collate_pairs(pairs: list[dict], pad_id: int, ref: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One right-padded batch: the chosen rows, then the rejected rows (and their reference log-probs)."""
@@ -104,10 +98,10 @@ def reference_logps(model, pairs: list[dict], batch_size: int, pad_id: int, devi
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def cached_reference(stage: DpoStage, checkpoint: Path, splits: dict[str, list[dict]], pad_id: int, out_dir: Path,
-                     device) -> dict[str, torch.Tensor]:
+def cached_reference(stage: DpoStage, s: Session, splits: dict[str, list[dict]], out_dir: Path) -> dict[str, torch.Tensor]:
     """The reference's log-probs of every split, from `out_dir/reference_logps.pt` when it matches
     the checkpoint and data, else computed by a reference model that is dropped afterwards."""
+    checkpoint = s.place.checkpoint
     h = hashlib.sha256(str(Path(checkpoint).resolve()).encode())
     for name in sorted(splits):
         h.update(name.encode() + json.dumps([[p["chosen_input_ids"], p["rejected_input_ids"]] for p in splits[name]]).encode())
@@ -116,9 +110,9 @@ def cached_reference(stage: DpoStage, checkpoint: Path, splits: dict[str, list[d
         saved = torch.load(path, weights_only=True)
         if saved.get("key") == key:
             return saved["logps"]
-    model, _ = load_model(checkpoint)
-    model.to(device)
-    logps = {name: reference_logps(model, pairs, stage.batch_size, pad_id, device) for name, pairs in splits.items()}
+    model, _ = s.checkpoints.load_model(checkpoint)
+    model.to(s.device)
+    logps = {name: reference_logps(model, pairs, stage.batch_size, s.pad_id, s.device) for name, pairs in splits.items()}
     del model
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -127,113 +121,101 @@ def cached_reference(stage: DpoStage, checkpoint: Path, splits: dict[str, list[d
     return logps
 
 
+class Reference:
+    """The reference's reply log-probs: cached per split (computed once, before training) or from a
+    live copy of the input checkpoint, run on every batch."""
+
+    def __init__(self, stage: DpoStage, s: Session, splits: dict[str, list[dict]]):
+        self.s, self.splits, self.cached, self.live = s, splits, None, None
+        if stage.reference == "cached":
+            with s.accelerator.main_process_first():
+                self.cached = cached_reference(stage, s, splits, s.place.out_dir)
+        else:
+            self.live, _ = s.checkpoints.load_model(s.place.checkpoint)
+            self.live.to(s.device).eval().requires_grad_(False)
+
+    def batch(self, split: str, idx: list[int]) -> dict:
+        """The pairs `idx` of a split, collated, with their cached reference log-probs."""
+        pairs = [self.splits[split][i] for i in idx]
+        return collate_pairs(pairs, self.s.pad_id, self.cached[split][idx] if self.cached is not None else None)
+
+    def logps(self, batch: dict) -> torch.Tensor:
+        if self.live is None:
+            return torch.stack(batch["ref_logps"].chunk(2), dim=1)
+        with torch.no_grad():
+            return pair_logps(self.live, batch, self.s.device)[0]
+
+
+def preference_loss(stage: DpoStage, reference: Reference, model, batch: dict) -> Loss:
+    policy, tokens = pair_logps(model, batch, reference.s.device)
+    out = dpo_loss(policy, reference.logps(batch), stage.beta, stage.label_smoothing, stage.loss, tokens)
+    return Loss(out.loss, out.stats())
+
+
+@torch.no_grad()
+def heldout_figures(stage: DpoStage, reference: Reference, model) -> dict[str, float]:
+    """Loss and reward statistics over the held-out pairs (per-pair means, a short last batch too)."""
+    was, n = model.training, len(reference.splits["held"])
+    model.eval()
+    sums: dict[str, float] = {}
+    for i in range(0, n, stage.batch_size):
+        idx = list(range(i, min(i + stage.batch_size, n)))
+        out = preference_loss(stage, reference, model, reference.batch("held", idx))
+        for k, v in {"loss": float(out.value), **out.stats}.items():
+            sums[k] = sums.get(k, 0.0) + v * len(idx)
+    model.train(was)
+    return {f"eval_{k}": v / n for k, v in sums.items()}
+
+
 def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
     where = f"stage {stage.name}"
-    wrap = lora_wrap(stage.lora, where) if stage.lora else None
-    s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
+    s = open_session(stage, inputs, lora=stage.lora)
     tracker, tok = inputs.tracker, s.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train, counts = load_pairs(stage, inputs.sources, tok, held_out=False)
     held, _ = load_pairs(stage, inputs.sources, tok, held_out=True)
     held = held[: stage.eval.max_blocks * stage.batch_size * s.world]  # the same pairs whatever the launch
     if not train:
         raise ForgeError(f"{where}: no preference pairs to train on in {stage.data} (all held out, too long or unlabelled)")
     tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
-    live = None
-    if stage.reference == "cached":
-        with s.accelerator.main_process_first():
-            ref = cached_reference(stage, inputs.checkpoint, {"train": train, "held": held}, pad_id, inputs.out_dir,
-                                   s.device)
-    else:
-        live, _ = load_model(inputs.checkpoint)
-        live.to(s.device).eval().requires_grad_(False)
-        ref = None
-    stats: list[dict] = []
-
-    def loss_fn(model, batch):
-        policy, tokens = pair_logps(model, batch, s.device)
-        if live is not None:
-            with torch.no_grad():
-                reference = pair_logps(live, batch, s.device)[0]
-        else:
-            reference = torch.stack(batch["ref_logps"].chunk(2), dim=1)
-        out = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], stage.beta, stage.label_smoothing,
-                       stage.loss, tokens[:, 0], tokens[:, 1])
-        stats.append(out.stats())
-        return out.loss
-
-    def batch_of(pairs: list[dict], idx: list[int], split: str) -> dict:
-        return collate_pairs([pairs[i] for i in idx], pad_id, ref[split][idx] if ref is not None else None)
-
-    @torch.no_grad()
-    def evaluate(step: int) -> dict[str, float]:
-        was = s.model.training
-        s.model.eval()
-        starts = range(0, len(held), stage.batch_size)
-        rows = [loss_fn(s.model, batch_of(held, list(range(i, min(i + stage.batch_size, len(held)))), "held"))
-                for i in starts]
-        s.model.train(was)
-        sizes = [min(stage.batch_size, len(held) - i) for i in starts]  # per-pair means, a short last batch too
-        got = {f"eval_{k}": sum(x[k] * n for x, n in zip(stats[-len(rows):], sizes)) / len(held) for k in stats[-1]}
-        got["eval_loss"] = sum(float(r) * n for r, n in zip(rows, sizes)) / len(held)
-        del stats[-len(rows):]
-        tracker.log_metrics(got, step=step)
-        return got
+    reference = Reference(stage, s, {"train": train, "held": held})
+    data = PairStream(len(train), stage.batch_size, stage.seed)
+    template = resolve_chat_template(tok, chat_spec(inputs.sources[stage.data[0]], where))[0]
 
     def samples(step: int) -> None:
-        if s.accelerator.is_main_process:
-            log_dpo_samples(tracker, step, stage, s.accelerator.unwrap_model(s.model), tok, held, train, ref,
-                            live, pad_id, s.device)
+        if s.is_main:
+            _samples(stage, reference, s, tracker, step)
 
-    data = PairStream(len(train), stage.batch_size, stage.seed)
-    guard = DivergenceGuard(stage.guard, where)
-    state = TrainState(s.optimizer, s.scheduler, data, guard)
-    if s.restore(state):
-        tracker.set_tags({"resumed_from": str(s.resume_from)})
-        guard.last_good_checkpoint = s.resume_from
-    elif held:
-        state.metrics.update({f"{k}_start": v for k, v in evaluate(0).items()})
+    task = Task(batches=lambda: [reference.batch("train", data.next_indices(s.rank, s.world))
+                                 for _ in range(stage.grad_accum)],
+                loss=lambda model, batch: preference_loss(stage, reference, model, batch), data=data,
+                tokens=lambda batches: sum(int(b["attention_mask"].sum()) for b in batches),
+                finish=lambda state: _outcome(stage, counts, state.tokens, data, (len(train), len(held)),
+                                              inputs.checkpoint),
+                evaluate=(lambda step: heldout_figures(stage, reference, s.model)) if held else None,
+                samples=samples, chat_template=template)
+    return fit(s, task, tracker)
 
-    meter, loss = Meter(stage.tokens_per_step * s.world), float("nan")
-    bar = progress(s.total_steps, stage.name, enabled=s.accelerator.is_main_process)
-    bar.update(state.step)
-    with GracefulStop() as stop:
-        for step in range(state.step + 1, s.total_steps + 1):
-            batches = [batch_of(train, data.next_indices(s.rank, s.world), "train") for _ in range(stage.grad_accum)]
-            stats.clear()
-            out = train_step(s, batches, loss_fn, guard, step)
-            real = sum(int(b["attention_mask"].sum()) for b in batches)
-            if s.world > 1:  # the other ranks' pairs hold other numbers of tokens
-                real = int(s.accelerator.reduce(torch.tensor(real, device=s.device), "sum").item())
-            state.step, state.tokens, loss = step, state.tokens + real, out.loss
-            meter.step(real)
-            last = step == s.total_steps
-            if step % stage.log_every == 0 or last:
-                row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": meter.window_tokens_per_s(),
-                       **mean_over_ranks(s.accelerator, {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]})}
-                if out.grad_norm is not None:
-                    row["grad_norm"] = out.grad_norm
-                tracker.log_metrics(row, step=step)
-                bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
-            after_step(s, stage, state, guard, stop, meter, step, evaluate if held else None, samples)
-            bar.update(1)
-    bar.close()
 
-    metrics = state.metrics
-    metrics["loss"] = loss
-    if held:
-        metrics.update(evaluate(s.total_steps))
-    metrics.update({"tokens": state.tokens, "train_pairs": len(train), "heldout_pairs": len(held),
-                    "epochs": data.epoch + data.pos / len(train)})
-    metrics.update(meter.totals())
-    metrics["peak_mem_bytes"] = s.memory.peak_bytes()
-    share = {n: c.tokens for n, c in counts.items()}
-    tokens_by_source = {n: round(state.tokens * v / max(1, sum(share.values()))) for n, v in share.items()}
-    lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "reference": str(inputs.checkpoint),
+@torch.no_grad()
+def _samples(stage: DpoStage, reference: Reference, s: Session, tracker, step: int) -> None:
+    """The sample table of the first held-out pairs (training pairs when none are held out)."""
+    split = "held" if reference.splits["held"] else "train"
+    idx = list(range(min(stage.samples.prompts, len(reference.splits[split]))))
+    if not idx:
+        return
+    model = s.unwrapped()
+    was = model.training
+    model.eval()
+    batch = reference.batch(split, idx)
+    rewards = stage.beta * (pair_logps(model, batch, s.device)[0].float().cpu() - reference.logps(batch).float().cpu())
+    model.train(was)
+    log_dpo_samples(tracker, step, model, s.tokenizer, [reference.splits[split][i] for i in idx], rewards,
+                    stage.samples.max_new_tokens)
+
+
+def _outcome(stage: DpoStage, counts: dict, tokens: int, data: PairStream, sizes: tuple[int, int],
+             reference: Path) -> Outcome:
+    lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "reference": str(reference),
                "reference_mode": stage.reference, **({"lora": stage.lora.model_dump()} if stage.lora else {})}
-    result = StageResult(inputs.out_dir / "final", metrics, s.total_steps, tokens_by_source, lineage)
-    as_json, tensors = split_state(state.state_dict())
-    template = resolve_chat_template(tok, chat_spec(inputs.sources[stage.data[0]], where))[0]
-    save_final(s, result.checkpoint, {**as_json, "result": result.as_dict()},
-               tensors if stage.checkpoint.final_optimizer else None, stage.lora, inputs.checkpoint, template)
-    return result
+    metrics = {"train_pairs": sizes[0], "heldout_pairs": sizes[1], "epochs": data.epoch + data.pos / sizes[0]}
+    return Outcome(metrics, tokens_by_source(counts, tokens), lineage)

@@ -2,34 +2,31 @@
 
 Each rollout: `batch_size` prompts from the data (read as rows: `prompt_field` is the user turn,
 the other columns go to the reward functions), `group` completions per prompt sampled with
-Hugging Face `generate` or, with `generation: vllm`, vLLM's offline engine (forge.stages.generation),
-scored by the recipe's reward sources (forge.stages.rewards; weighted
+Hugging Face `generate` or, with `generation: vllm`, vLLM's offline engine (forge.lm.generation),
+scored by the recipe's reward sources (forge.lm.rewards; weighted
 sum). Advantages are the rewards normalised within each prompt's group. The objective is the
 clipped policy ratio against the rollout's log-probs, averaged over completion tokens, plus
 `kl_beta` times the k3 KL estimate toward the input checkpoint (Schulman 2020). The policy takes
-`updates_per_rollout` optimizer steps per rollout.
+`updates_per_rollout` optimizer steps per rollout. Its own part of the loop (forge.train.loop.fit):
+the rollouts (made before a step, untimed), the GRPO loss, and the reward figures.
 """
 from __future__ import annotations
-
-import itertools
 
 import torch
 import torch.nn.functional as F
 
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
+from forge.lm.generation import completion_batch, make_generator
+from forge.lm.rewards import Reward, unique_labels
 from forge.recipe.settings import RftStage
-from forge.stages.chat import log_samples, lora_wrap, mean_over_ranks, save_final, split_rows
-from forge.stages.generation import completion_batch, make_generator
+from forge.stages.post_data import split_rows
 from forge.stages.result import StageInputs, StageResult
-from forge.stages.rewards import Reward, unique_labels
-from forge.train.checkpoint import split_state
-from forge.train.meter import Meter
-from forge.train.progress import progress
-from forge.train.session import load_model, open_session
+from forge.stages.samples import log_samples
+from forge.train.loop import Outcome, Task, fit
+from forge.train.losses import Loss
+from forge.train.session import Session, open_session
 from forge.train.state import TrainState
-from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, after_step
 
 
 class PromptStream:
@@ -64,126 +61,118 @@ def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
     return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).view(-1)
 
 
+class Rollouts:
+    """The current rollout: `group` completions of each prompt with their rewards, advantages and
+    log-probs (rollout policy and KL reference), made anew every `updates_per_rollout` steps."""
+
+    def __init__(self, stage: RftStage, s: Session, data: PromptStream, rewards: list[Reward], ref, tracker):
+        self.stage, self.s, self.data, self.rewards, self.ref, self.tracker = stage, s, data, rewards, ref, tracker
+        self.labels = dict(zip((r.source for r in rewards), unique_labels(rewards)))  # metric names, as eval.reward's
+        self.encoder = ChatEncoder(s.tokenizer, FormatSpec("prompt_completion"))
+        self.generator = make_generator(stage, s.place.checkpoint, s.tokenizer, s.pad_id, s.device, stage.seed + s.rank)
+        self.micro: list[dict] = []   # the loss's micro-batches
+        self.scores: list[dict] = []  # per micro-batch: reward source -> scores, and "total"
+        self.table: dict = {}
+        self.first: list[dict] | None = None
+
+    def before_step(self, step: int) -> None:
+        if (step - 1) % self.stage.updates_per_rollout == 0 or not self.micro:
+            self._make(step)
+
+    @torch.no_grad()
+    def _make(self, step: int) -> None:
+        stage, s, tok = self.stage, self.s, self.s.tokenizer
+        model = s.unwrapped()
+        model.eval()
+        self.generator.sync(model)
+        self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
+        for _ in range(stage.grad_accum):
+            # every rank takes the whole step's prompts and keeps its share, as the other stages do
+            batch = self.data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
+            messages = [[{"role": "user", "content": r[stage.prompt_field]}] for r in batch]
+            ids = [tok(self.encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+                   for m in messages]
+            completions = self.generator.generate(model, ids)
+            seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, s.pad_id, s.device)
+            texts = tok.batch_decode(completions, skip_special_tokens=True)
+            prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
+            fields = {k: [r.get(k) for r in batch for _ in range(stage.group)] for k in batch[0] if k != stage.prompt_field}
+            scores = {rw.source: rw(prompts, texts, fields, step) for rw in self.rewards}
+            total = torch.tensor([sum(rw.weight * scores[rw.source][i] for rw in self.rewards) for i in range(len(texts))])
+            micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": cmask.float(),
+                     "old": token_logps(model, seqs, mask, width), "adv": advantages(total, stage.group).to(s.device),
+                     "targets": torch.tensor(int(cmask.sum()))}
+            if self.ref is not None:
+                micro["ref"] = token_logps(self.ref, seqs, mask, width)
+            self.micro.append(micro)
+            self.scores.append({**scores, "total": total})
+            self.table["prompts"] += prompts
+            self.table["completions"] += texts
+            self.table["reward"] += total.tolist()
+        self.first = self.first or self.scores
+        model.train()
+
+    def samples(self, step: int) -> None:
+        if self.s.is_main and self.table:
+            n = self.stage.samples.prompts * self.stage.group
+            log_samples(self.tracker, step, [[{"content": p}] for p in self.table["prompts"][:n]],
+                        self.table["completions"][:n], {"reward": self.table["reward"][:n]})
+
+    def row(self, out=None) -> dict[str, float]:
+        """The rollout's reward figures over every rank's completions, and the mean completion length
+        (a collective: the loop calls it on every rank, at the log interval)."""
+        figures = reward_figures(self.scores, self.labels, self.s.accelerator)
+        n = torch.tensor([float(sum(int(m["targets"]) for m in self.micro)), float(sum(len(x["total"]) for x in self.scores))],
+                         dtype=torch.float64)
+        if self.s.world > 1:
+            n = self.s.accelerator.reduce(n.to(self.s.device), "sum").cpu()
+        return {**figures, "completion_length": n[0].item() / max(n[1].item(), 1.0)}
+
+    def finish(self, state: TrainState) -> Outcome:
+        stage = self.stage
+        start = reward_figures(self.first or self.scores, self.labels, self.s.accelerator)["reward_mean"]
+        lineage = {"rewards": [r.model_dump() for r in stage.rewards], "reference": str(self.s.place.checkpoint),
+                   "generation": stage.generation, **({"lora": stage.lora.model_dump()} if stage.lora else {})}
+        return Outcome({**self.row(), "reward_mean_start": start}, {n: state.tokens for n in stage.data[:1]}, lineage)
+
+
+def grpo_loss(stage: RftStage, model, b: dict) -> Loss:
+    """The clipped policy-ratio objective over completion tokens, plus kl_beta x the k3 KL estimate."""
+    logp = token_logps(model, b["ids"], b["mask"], int(b["start"]))
+    ratio = torch.exp(logp - b["old"])
+    adv = b["adv"].unsqueeze(1)
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - stage.clip_eps, 1 + stage.clip_eps) * adv)
+    m = b["cmask"]
+    count = max(1.0, m.sum().item())
+    stats = {"clip_fraction": (((ratio - 1).abs() > stage.clip_eps).float() * m).sum().item() / count}
+    if "ref" in b:
+        d = b["ref"] - logp
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + stage.kl_beta * kl
+        stats["kl"] = (kl.detach() * m).sum().item() / count
+    return Loss((per_token * m).sum() / m.sum().clamp(min=1), stats)
+
+
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
-    where = f"stage {stage.name}"
     rewards = [Reward(r) for r in stage.rewards]  # fails before any model loads on a bad source
-    labels = dict(zip((r.source for r in rewards), unique_labels(rewards)))  # metric names, as eval.reward's
-    wrap = lora_wrap(stage.lora, where) if stage.lora else None
-    s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
-    tracker, tok = inputs.tracker, s.tokenizer
+    s = open_session(stage, inputs, lora=stage.lora)
     if s.rank:  # each rank samples its own completions (rank 0 keeps the recipe's seed)
         torch.manual_seed(stage.seed + s.rank)
     rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
             if _check_row(row, stage.prompt_field, at)]
     if not rows:
-        raise ForgeError(f"{where}: no prompts in {stage.data}")
-    encoder = ChatEncoder(tok, FormatSpec("prompt_completion"))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        raise ForgeError(f"stage {stage.name}: no prompts in {stage.data}")
     ref = None
     if stage.kl_beta:
-        ref, _ = load_model(inputs.checkpoint)
+        ref, _ = s.checkpoints.load_model(inputs.checkpoint)
         ref.to(s.device).eval().requires_grad_(False)
     data = PromptStream(rows)
-    generator = make_generator(stage, inputs.checkpoint, tok, pad, s.device, stage.seed + s.rank)
-    guard = DivergenceGuard(stage.guard, where)
-    state = TrainState(s.optimizer, s.scheduler, data, guard)
-    if s.restore(state):
-        guard.last_good_checkpoint = s.resume_from
-    rollout: list[dict] = []
-    stats: list[dict] = []
-
-    @torch.no_grad()
-    def make_rollout(step: int) -> list[dict]:
-        model = s.accelerator.unwrap_model(s.model)
-        model.eval()
-        generator.sync(model)
-        out, table = [], {"prompts": [], "completions": [], "reward": []}
-        for _ in range(stage.grad_accum):
-            # every rank takes the whole step's prompts and keeps its share, as the other stages do
-            batch = data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
-            messages = [[{"role": "user", "content": r[stage.prompt_field]}] for r in batch]
-            ids = [tok(encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"] for m in messages]
-            completions = generator.generate(model, ids)
-            seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, pad, s.device)
-            texts = tok.batch_decode(completions, skip_special_tokens=True)
-            prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
-            fields = {k: [r.get(k) for r in batch for _ in range(stage.group)]
-                      for k in batch[0] if k != stage.prompt_field}
-            scores = {rw.source: rw(prompts, texts, fields, step) for rw in rewards}
-            total = torch.tensor([sum(rw.weight * scores[rw.source][i] for rw in rewards) for i in range(len(texts))])
-            old = token_logps(model, seqs, mask, width)
-            kl_ref = token_logps(ref, seqs, mask, width) if ref is not None else None
-            out.append({"ids": seqs, "mask": mask, "start": width, "cmask": cmask.float(), "old": old, "ref": kl_ref,
-                        "adv": advantages(total, stage.group).to(s.device), "scores": scores, "total": total,
-                        "targets": torch.tensor(int(cmask.sum()))})
-            table["prompts"] += prompts
-            table["completions"] += texts
-            table["reward"] += total.tolist()
-        model.train()
-        return out, table
-
-    def loss_fn(model, b):
-        logp = token_logps(model, b["ids"], b["mask"], int(b["start"]))
-        ratio = torch.exp(logp - b["old"])
-        adv = b["adv"].unsqueeze(1)
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - stage.clip_eps, 1 + stage.clip_eps) * adv)
-        per_token = -surrogate
-        m = b["cmask"]
-        row = {"clip_fraction": (((ratio - 1).abs() > stage.clip_eps).float() * m).sum().item() / max(1.0, m.sum().item())}
-        if b.get("ref") is not None:
-            d = b["ref"] - logp
-            kl = torch.exp(d) - d - 1
-            per_token = per_token + stage.kl_beta * kl
-            row["kl"] = (kl.detach() * m).sum().item() / max(1.0, m.sum().item())
-        stats.append(row)
-        return (per_token * m).sum() / m.sum().clamp(min=1)
-
-    meter, loss = Meter(1), float("nan")
-    bar = progress(s.total_steps, stage.name, enabled=s.accelerator.is_main_process)
-    bar.update(state.step)
-    first_reward = None
-    with GracefulStop() as stop:
-        for step in range(state.step + 1, s.total_steps + 1):
-            if (step - 1) % stage.updates_per_rollout == 0 or not rollout:
-                with meter.paused():
-                    rollout, table = make_rollout(step)
-                reward_row = _reward_metrics(rollout, labels, s.accelerator)
-                first_reward = reward_row["reward_mean"] if first_reward is None else first_reward
-                if stage.samples.every and step % stage.samples.every == 0:
-                    n = stage.samples.prompts * stage.group
-                    log_samples(tracker, step, [[{"content": p}] for p in table["prompts"][:n]],
-                                table["completions"][:n], {"reward": table["reward"][:n]})
-            stats.clear()
-            batches = [{k: v for k, v in b.items() if k not in ("scores", "total") and v is not None
-                        and not isinstance(v, int)} | {"start": torch.tensor(b["start"])} for b in rollout]
-            out = train_step(s, batches, loss_fn, guard, step)
-            tokens = sum(int(b["targets"]) for b in rollout)
-            if s.world > 1:
-                tokens = int(s.accelerator.reduce(torch.tensor(tokens, device=s.device), "sum").item())
-            state.step, state.tokens, loss = step, state.tokens + tokens, out.loss
-            meter.step(tokens)
-            row = {"loss": out.loss, "lr": out.lr, **reward_row,
-                   "completion_length": tokens / (s.world * sum(len(b["total"]) for b in rollout)),
-                   **mean_over_ranks(s.accelerator, {k: sum(x[k] for x in stats) / len(stats) for k in stats[0]})}
-            if step % stage.log_every == 0 or step == s.total_steps:
-                tracker.log_metrics(row, step=step)
-                bar.set_postfix(loss=f"{out.loss:.3f}", reward=f"{row['reward_mean']:.3f}")
-            after_step(s, stage, state, guard, stop, meter, step)  # rft's samples come with its rollouts
-            bar.update(1)
-    bar.close()
-
-    metrics = {**state.metrics, **row, "loss": loss, "tokens": state.tokens, "reward_mean_start": first_reward}
-    metrics.update(meter.totals())
-    metrics["peak_mem_bytes"] = s.memory.peak_bytes()
-    lineage = {"rewards": [r.model_dump() for r in stage.rewards], "reference": str(inputs.checkpoint),
-               "generation": stage.generation,
-               **({"lora": stage.lora.model_dump()} if stage.lora else {})}
-    result = StageResult(inputs.out_dir / "final", metrics, s.total_steps, {n: state.tokens for n in stage.data[:1]},
-                         lineage)
-    as_json, tensors = split_state(state.state_dict())
-    save_final(s, result.checkpoint, {**as_json, "result": result.as_dict()},
-               tensors if stage.checkpoint.final_optimizer else None, stage.lora, inputs.checkpoint, encoder.template)
-    return result
+    roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
+    task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,
+                tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
+                samples=roll.samples, before_step=roll.before_step, row=roll.row,
+                chat_template=roll.encoder.template, postfix="reward_mean")
+    return fit(s, task, inputs.tracker)
 
 
 def _check_row(row, field: str, where: str) -> bool:
@@ -194,17 +183,16 @@ def _check_row(row, field: str, where: str) -> bool:
     return True
 
 
-def _reward_metrics(rollout: list[dict], labels: dict[str, str], accelerator) -> dict[str, float]:
+def reward_figures(scores: list[dict], labels: dict[str, str], accelerator) -> dict[str, float]:
     """Mean and std of the weighted reward and of each source's, over every rank's completions."""
-    def gathered(values) -> torch.Tensor:
-        t = torch.as_tensor(values, dtype=torch.float64)
+    def gathered(values: torch.Tensor) -> torch.Tensor:
+        t = values.to(torch.float64)
         return accelerator.gather(t.to(accelerator.device)).cpu() if accelerator.num_processes > 1 else t
 
-    total = gathered(torch.cat([b["total"] for b in rollout]))
+    total = gathered(torch.cat([x["total"] for x in scores]))
     row = {"reward_mean": total.mean().item(), "reward_std": total.std().item() if len(total) > 1 else 0.0}
-    for source in rollout[0]["scores"]:
-        vals = gathered(list(itertools.chain.from_iterable(b["scores"][source] for b in rollout)))
-        key = labels[source]
+    for source, key in labels.items():
+        vals = gathered(torch.tensor([v for x in scores for v in x[source]], dtype=torch.float64))
         row[f"reward.{key}.mean"] = vals.mean().item()
         row[f"reward.{key}.std"] = vals.std().item() if len(vals) > 1 else 0.0
     return row

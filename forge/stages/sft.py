@@ -3,9 +3,9 @@
 Records become chat messages by their source's `chat:` mapping and are tokenized once with the
 chat template (forge.data.formats); each epoch the training examples are shuffled and packed
 best-fit into seq_len blocks whose position ids restart per example (forge.data.packing), or
-padded per batch. An explicit loop over forge.train's blocks, like pretraining: held-out loss
-first, every `eval.every` steps and at the end; sample generations every `samples.every` steps;
-LoRA adapters when `lora:` is set. The chat template is saved with the model.
+padded per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
+held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
+`lora:` is set. The chat template is saved with the model.
 """
 from __future__ import annotations
 
@@ -17,17 +17,14 @@ from forge.data.examples import sft_examples
 from forge.data.formats import ChatEncoder, FormatStats, resolve_chat_template, to_messages
 from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
+from forge.lm.generation import generate
 from forge.recipe.settings import SftStage
-from forge.stages.chat import chat_spec, generate, log_samples, lora_wrap, save_final, split_rows
+from forge.stages.post_data import chat_spec, split_rows
 from forge.stages.result import StageInputs, StageResult
-from forge.train.checkpoint import split_state
+from forge.stages.samples import log_samples
+from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import masked_lm_loss, masked_lm_loss_sum
-from forge.train.meter import Meter
-from forge.train.progress import progress
 from forge.train.session import open_session
-from forge.train.state import TrainState
-from forge.train.step import DivergenceGuard, train_step
-from forge.train.stop import GracefulStop, after_step
 
 
 class SftStream:
@@ -39,6 +36,7 @@ class SftStream:
         self.packing, self.pad_id, self.seed = packing, pad_id, seed
         self.epoch, self.pos, self.units = 0, 0, self._epoch_units(0)
         self.real_tokens = 0  # non-pad tokens handed out (this rank)
+        self._counted = 0
 
     def _epoch_units(self, epoch: int) -> list[dict]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -68,11 +66,17 @@ class SftStream:
         self.real_tokens += sum(sum(u["lengths"]) for u in units)
         return collate(units)
 
+    def new_real_tokens(self) -> int:
+        """Non-pad tokens handed out (this rank) since the last call."""
+        n, self._counted = self.real_tokens - self._counted, self.real_tokens
+        return n
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "real_tokens": self.real_tokens}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos, self.real_tokens = state["epoch"], state["pos"], state["real_tokens"]
+        self._counted = self.real_tokens
         self.units = self._epoch_units(self.epoch)
 
 
@@ -105,86 +109,54 @@ def heldout_sft_loss(model, batches: list[dict], device) -> float:
 
 def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     where = f"stage {stage.name}"
-    wrap = lora_wrap(stage.lora, where) if stage.lora else None
-    s = open_session(stage, inputs.checkpoint, inputs.out_dir, inputs.resume, wrap=wrap)
+    s = open_session(stage, inputs, lora=stage.lora)
     tracker, tok = inputs.tracker, s.tokenizer
     train, counts, template = load_examples(stage, inputs.sources, tok, held_out=False)
     if not train:
         raise ForgeError(f"{where}: no training examples in {stage.data} (all held out, too long or unlabelled)")
     held, _, _ = load_examples(stage, inputs.sources, tok, held_out=True)
     tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, pad_id, stage.seed)
-    held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size, pad_id)[0] if held else []
-    guard = DivergenceGuard(stage.guard, where)
-    state = TrainState(s.optimizer, s.scheduler, data, guard)
+    data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, s.pad_id, stage.seed)
+    held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size,
+                               s.pad_id)[0] if held else []
     encoder = ChatEncoder(tok, chat_spec(inputs.sources[stage.data[0]], where))
-    sample_prompts = _sample_prompts(stage, inputs.sources, held)
+    prompts = _sample_prompts(stage, inputs.sources, held)
 
-    def evaluate(step: int) -> float:
+    def evaluate(step: int) -> dict[str, float]:
         loss = heldout_sft_loss(s.model, held_batches, s.device)
-        tracker.log_metrics({"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}, step=step)
-        return loss
+        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
 
     def samples(step: int) -> None:
-        if sample_prompts and s.accelerator.is_main_process:
-            outs = generate(s.accelerator.unwrap_model(s.model), tok, encoder, sample_prompts,
-                            stage.samples.max_new_tokens, s.device)
-            log_samples(tracker, step, sample_prompts, outs)
+        if prompts and s.is_main:
+            log_samples(tracker, step, prompts,
+                        generate(s.unwrapped(), tok, encoder, prompts, stage.samples.max_new_tokens, s.device))
 
-    if s.restore(state):
-        tracker.set_tags({"resumed_from": str(s.resume_from)})
-        guard.last_good_checkpoint = s.resume_from
-    elif held_batches:
-        state.metrics["eval_loss_start"] = evaluate(0)
+    sizes = {"train_examples": len(train), "heldout_examples": len(held)}
+    task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],
+                loss=masked_lm_loss, data=data, tokens=lambda _: data.new_real_tokens(),
+                finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
+                evaluate=evaluate if held_batches else None, samples=samples,
+                row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template)
+    return fit(s, task, tracker)
 
-    meter, loss = Meter(stage.tokens_per_step * s.world), float("nan")
-    bar = progress(s.total_steps, stage.name, enabled=s.accelerator.is_main_process)
-    bar.update(state.step)
-    with GracefulStop() as stop:
-        for step in range(state.step + 1, s.total_steps + 1):
-            before = data.real_tokens
-            batches = [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)]
-            out = train_step(s, batches, masked_lm_loss, guard, step)
-            real = data.real_tokens - before
-            if s.world > 1:  # the other ranks' batches hold other numbers of real tokens
-                real = int(s.accelerator.reduce(torch.tensor(real, device=s.device), "sum").item())
-            state.step, state.tokens, loss = step, state.tokens + real, out.loss
-            meter.step(real)
-            last = step == s.total_steps
-            if step % stage.log_every == 0 or last:
-                row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": meter.window_tokens_per_s(),
-                       "tokens": state.tokens, "target_tokens": out.targets, "epoch": data.epoch}
-                if out.grad_norm is not None:
-                    row["grad_norm"] = out.grad_norm
-                tracker.log_metrics(row, step=step)
-                bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}")
-            after_step(s, stage, state, guard, stop, meter, step, evaluate if held_batches else None, samples)
-            bar.update(1)
-    bar.close()
 
-    metrics = state.metrics
-    metrics["loss"] = loss
-    if held_batches:
-        metrics["eval_loss"] = evaluate(s.total_steps)
-    metrics.update({"tokens": state.tokens, "epochs": data.epoch + data.pos / max(1, len(data.units)),
-                    "train_examples": len(train), "heldout_examples": len(held)})
-    metrics.update(meter.totals())
+def _outcome(stage: SftStage, data: SftStream, counts: dict, tokens: int, extra: dict) -> Outcome:
+    template = extra.pop("template")
+    metrics = {**extra, "epochs": data.epoch + data.pos / max(1, len(data.units))}
     if stage.packing == "best_fit":
         blocks = data.units if data.units else [{"input_ids": [0] * stage.seq_len, "lengths": [0]}]
         metrics["packing_efficiency"] = sum(sum(b["lengths"]) for b in blocks) / (len(blocks) * stage.seq_len)
-    metrics["peak_mem_bytes"] = s.memory.peak_bytes()
-    share = {n: c.tokens for n, c in counts.items()}
-    total = max(1, sum(share.values()))
-    tokens_by_source = {n: round(state.tokens * v / total) for n, v in share.items()}
     lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "chat_template": template,
                "train_on": stage.train_on or "source", "packing": stage.packing,
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
-    result = StageResult(inputs.out_dir / "final", metrics, s.total_steps, tokens_by_source, lineage)
-    as_json, tensors = split_state(state.state_dict())
-    save_final(s, result.checkpoint, {**as_json, "result": result.as_dict()},
-               tensors if stage.checkpoint.final_optimizer else None, stage.lora, inputs.checkpoint, template)
-    return result
+    return Outcome(metrics, tokens_by_source(counts, tokens), lineage)
+
+
+def tokens_by_source(counts: dict[str, FormatStats], tokens: int) -> dict[str, int]:
+    """The tokens trained on, split over the sources by their share of the encoded tokens."""
+    share = {n: c.tokens for n, c in counts.items()}
+    total = max(1, sum(share.values()))
+    return {n: round(tokens * v / total) for n, v in share.items()}
 
 
 def _sample_prompts(stage: SftStage, sources: dict, held: list[dict]) -> list[list[dict]]:

@@ -9,7 +9,7 @@ from forge.recipe.settings import SoupStage
 from forge.stages.result import StageInputs, StageResult
 from forge.train.accel import process_state
 from forge.train.checkpoint import STATE
-from forge.train.merge import save_averaged
+from forge.train.parallel import checkpointer
 
 
 def run(stage: SoupStage, inputs: StageInputs) -> StageResult:
@@ -18,8 +18,6 @@ def run(stage: SoupStage, inputs: StageInputs) -> StageResult:
     final = inputs.out_dir / "final"
     result = StageResult(final, {"ingredients": float(len(folders))}, lineage={
         "ingredients": [str(f) for f in folders], "weights": [w / sum(weights) for w in weights]})
-    state = process_state()
-    if state.is_main_process:  # one writer; the other ranks of a launch wait for it
-        save_averaged(folders, weights, final, extra={STATE: json.dumps({"result": result.as_dict()}, indent=2)})
-    state.wait_for_everyone()
+    checkpointer(inputs.parallelism, process_state()).average(
+        folders, weights, final, {STATE: json.dumps({"result": result.as_dict()}, indent=2)})
     return result

@@ -3,10 +3,21 @@ has none); `target_count` gives that number, so a step can weight micro-batches 
 counts (see forge.train.step)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
 IGNORE = -100  # label of a token that carries no loss (prompts, padding, other turns)
+
+
+@dataclass
+class Loss:
+    """A micro-batch's mean loss and the kind's own figures of it (each a mean over the same
+    targets), which forge.train.step weights by target count across micro-batches and ranks."""
+
+    value: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 def causal_lm_loss(model, batch: torch.Tensor) -> torch.Tensor:

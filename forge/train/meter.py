@@ -7,18 +7,18 @@ import time
 
 
 class Meter:
-    def __init__(self, tokens_per_step: int):
-        self.tokens_per_step = tokens_per_step
+    def __init__(self) -> None:
         self.started = self._window_start = time.perf_counter()
         self.paused_seconds, self.steps, self._window_tokens, self.tokens = 0.0, 0, 0, 0
 
-    def step(self, tokens: int | None = None) -> None:
-        """One optimizer step of `tokens` tokens (default: the fixed tokens_per_step; SFT passes
-        the real, unpadded count)."""
-        n = self.tokens_per_step if tokens is None else tokens
+    def step(self) -> None:
+        """One optimizer step done."""
         self.steps += 1
-        self._window_tokens += n
-        self.tokens += n
+
+    def add(self, tokens: int) -> None:
+        """Real tokens trained on (all ranks), counted when the loop sums them over ranks."""
+        self._window_tokens += tokens
+        self.tokens += tokens
 
     def window_tokens_per_s(self) -> float:
         """Tokens/s since the last call (training time only)."""

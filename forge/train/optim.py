@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from forge.recipe import Optim, Schedule
+# the recipe's `optim:` and `schedule:` blocks (forge.recipe.settings), read by attribute: the
+# training core does not import the recipe
+Optim = Any
+Schedule = Any
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Optim) -> torch.optim.Optimizer:

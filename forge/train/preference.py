@@ -39,18 +39,18 @@ class PreferenceOut:
                 "rewards/margin": margin.mean().item(), "rewards/accuracy": (margin > 0).float().mean().item()}
 
 
-def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
-             beta: float, label_smoothing: float = 0.0, kind: str = "sigmoid",
-             chosen_tokens: torch.Tensor | None = None, rejected_tokens: torch.Tensor | None = None) -> PreferenceOut:
-    """The loss of a batch of pairs from the policy's and reference's summed reply log-probs."""
-    chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
+def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, beta: float, label_smoothing: float = 0.0,
+             kind: str = "sigmoid", tokens: torch.Tensor | None = None) -> PreferenceOut:
+    """The loss of a batch of pairs from the policy's and reference's summed reply log-probs, each
+    (pairs, 2): column 0 the chosen reply, column 1 the rejected one; `tokens` the reply lengths (IPO)."""
+    chosen_ratio, rejected_ratio = policy[:, 0] - reference[:, 0], policy[:, 1] - reference[:, 1]
     if kind == "sigmoid":
         delta = beta * (chosen_ratio - rejected_ratio)
         losses = -(1 - label_smoothing) * F.logsigmoid(delta) - label_smoothing * F.logsigmoid(-delta)
     elif kind == "ipo":
-        if chosen_tokens is None or rejected_tokens is None:
-            raise ValueError("IPO averages log-ratios per reply token: give chosen_tokens and rejected_tokens")
-        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        if tokens is None:
+            raise ValueError("IPO averages log-ratios per reply token: give the reply token counts")
+        delta = chosen_ratio / tokens[:, 0].clamp(min=1) - rejected_ratio / tokens[:, 1].clamp(min=1)
         losses = (delta - 1 / (2 * beta)) ** 2
     else:
         raise ValueError(f"unknown preference loss {kind!r}; expected 'sigmoid' or 'ipo'")

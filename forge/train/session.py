@@ -1,135 +1,143 @@
 """A training session: the accelerator, model, tokenizer, optimizer and schedule of one stage,
-set up the same way for every stage kind (seed, precision, resume point, optimizer carry-over),
-and the checkpoints it writes (rank 0 only, atomically)."""
+set up the same way for every stage kind (seed, precision, parallelism strategy, resume point,
+optimizer carry-over, LoRA adapters), and the checkpoints it writes through its checkpointer."""
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
+from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
 from forge.train.accel import new_accelerator
-from forge.train.checkpoint import (latest_checkpoint, load_optimizer_state, load_state, prune_checkpoints,
-                                    save_checkpoint, split_state)
+from forge.train.checkpoint import split_state
+from forge.train.checkpointer import Checkpointer, FinalSave
+from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
+from forge.train.parallel import strategy
+
+
+class Place(Protocol):
+    """Where a session starts and writes (forge.stages.result.StageInputs has these)."""
+
+    checkpoint: Path      # the input checkpoint
+    out_dir: Path         # stages/<name>: final/ and checkpoints/
+    resume: bool          # continue from the newest resume point in out_dir/checkpoints
+    run_id: str | None    # resume continues only checkpoints this run wrote
+    parallelism: str      # the strategy name (forge.train.parallel)
 
 
 @dataclass
 class Session:
-    settings: object          # the stage's TrainSettings
-    accelerator: object
+    settings: Any             # the stage's TrainSettings
+    accelerator: Any
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: Any
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: Any
     total_steps: int
     memory: PeakMemory
-    out_dir: Path
+    checkpoints: Checkpointer
+    place: Place
     resume_from: Path | None  # the checkpoint this session continues, if resuming
-    run_id: str | None = None  # the run identity stamped into (and required of) resume checkpoints
+    lora: Any = None          # the stage's lora: block when it trains adapters
 
     @property
     def world(self) -> int:
-        return self.accelerator.num_processes
+        return int(self.accelerator.num_processes)
 
     @property
     def rank(self) -> int:
-        return self.accelerator.process_index
+        return int(self.accelerator.process_index)
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         return self.accelerator.device
 
-    def restore(self, state) -> bool:
+    @property
+    def is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    @property
+    def pad_id(self) -> int:
+        return pad_token_id(self.tokenizer)
+
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def restore(self, state: Any) -> bool:
         """Load the resume point into `state` (a TrainState); False when starting fresh."""
         if self.resume_from is None:
             return False
-        state.load_state_dict(load_state(self.resume_from))
+        state.load_state_dict(self.checkpoints.load_state(self.resume_from))
         if state.step >= self.total_steps:  # e.g. a checkpoint of a longer run: 0 steps left to train
             raise ForgeError(f"stage {self.settings.name}: resume point {self.resume_from} is at step {state.step}, "
                              f"but the stage now has only {self.total_steps} steps; it belongs to another "
                              "run or settings: start the stage over (forge run --restart)")
         return True
 
-    def save(self, path: Path, state: dict, training: dict | None = None) -> Path:
-        """Write a checkpoint folder (rank 0; the other ranks wait for it)."""
-        acc = self.accelerator
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            save_checkpoint(acc.unwrap_model(self.model), self.tokenizer, path, state=state, training=training)
-        acc.wait_for_everyone()
-        return path
-
-    def save_resumable(self, state) -> Path:
+    def save_resumable(self, state: Any) -> Path:
         """A `checkpoints/step-N` folder a later `--resume` continues from bitwise."""
         as_json, tensors = split_state(state.state_dict())
-        folder = self.out_dir / "checkpoints"
-        path = self.save(folder / f"step-{state.step:07d}", {**as_json, "run_id": self.run_id}, tensors)
-        keep = self.settings.checkpoint.keep_last_n
-        if keep and self.accelerator.is_main_process:  # only once the new one is whole
-            prune_checkpoints(folder, keep)
-        return path
+        path = Path(self.place.out_dir) / "checkpoints" / f"step-{state.step:07d}"
+        return self.checkpoints.save_resumable(self.unwrapped(), self.tokenizer, path,
+                                               {**as_json, "run_id": self.place.run_id, "training": tensors},
+                                               self.settings.checkpoint.keep_last_n)
+
+    def save_final(self, state: Any, result: dict[str, Any], template: str | None = None) -> Path:
+        """The stage's output `final/`: weights (LoRA merged, or the adapter with `lora.merge: false`),
+        the tokenizer with the chat template, the resume state and the stage result."""
+        if template is not None:
+            self.tokenizer.chat_template = template
+        as_json, tensors = split_state(state.state_dict())
+        keep = tensors if self.settings.checkpoint.final_optimizer else None
+        path = Path(self.place.out_dir) / "final"
+        return self.checkpoints.save_final(self.unwrapped(), self.tokenizer, path, {**as_json, "result": result},
+                                           FinalSave(keep, self.lora, Path(self.place.checkpoint)))
 
 
-def load_model(checkpoint: Path, configure: Callable | None = None):
-    """(model, tokenizer) in fp32 from a Hugging Face folder; `configure(config)` may change the
-    config first (context extension), the weights then load into the changed model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        config = AutoConfig.from_pretrained(checkpoint)
-        if configure is not None:
-            config = configure(config)
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, config=config, dtype=torch.float32, use_safetensors=True)
-    except (OSError, ValueError) as e:
-        raise ForgeError(f"cannot load checkpoint {checkpoint}: {e}") from None
-    return model, tokenizer
-
-
-def open_session(settings, checkpoint: Path, out_dir: Path, resume: bool = False,
-                 configure: Callable | None = None, run_id: str | None = None,
-                 wrap: Callable | None = None) -> Session:
+def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | None = None,
+                 lora: Any = None) -> Session:
     """Set up a stage: accelerator and seed, the model (from the newest resumable checkpoint in
-    `out_dir/checkpoints` when `resume`), optimizer (carrying the input's moments over when
-    `optim.carry_over`), and the schedule over the stage's total steps. `run_id`: the run identity;
-    a resume only continues checkpoints it wrote, and a fresh start deletes the folder's old ones.
-    `wrap(model)` may wrap the model before the optimizer sees it (LoRA adapters)."""
+    `out_dir/checkpoints` when resuming), LoRA adapters (`lora`: only they train), the optimizer
+    (carrying the input's moments over when `optim.carry_over`), the schedule over the stage's
+    total steps, and the strategy's wrapping. A fresh start deletes the folder's old resume points.
+    `configure(config)` may change the model config before the weights load (context extension)."""
     from accelerate.utils import set_seed
 
     where = f"stage {settings.name}"
+    plan = strategy(place.parallelism)
     accelerator = new_accelerator(settings.precision, where)
+    checkpoints = plan.checkpointer(accelerator)
     set_seed(settings.seed)
     memory = PeakMemory(accelerator.device)
-    resume_from = latest_checkpoint(Path(out_dir) / "checkpoints", run_id) if resume else None
-    if resume_from is None and accelerator.is_main_process:
-        # checkpoints an earlier run left here must never be taken for this run's
-        shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)
-    accelerator.wait_for_everyone()
-    model, tokenizer = load_model(resume_from or checkpoint, configure)
+    folder = Path(place.out_dir) / "checkpoints"
+    resume_from = checkpoints.latest(folder, place.run_id) if place.resume else None
+    if resume_from is None:
+        checkpoints.clear(folder)
+    model, tokenizer = checkpoints.load_model(resume_from or place.checkpoint, configure)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and settings.seq_len > max_pos:
         raise ForgeError(f"{where}: seq_len {settings.seq_len} exceeds the model's context ({max_pos}); "
                          "extend it in a midtrain stage with a context: block")
-    if wrap is not None:
-        model = wrap(model)
+    if lora is not None:
+        model = wrap_lora(model, lora, where)
     optimizer = build_optimizer(model, settings.optim)
     if settings.optim.carry_over and resume_from is None:
-        saved = load_optimizer_state(checkpoint)
+        saved = checkpoints.load_optimizer(place.checkpoint)
         if saved is None:
-            raise ForgeError(f"{where}: optim.carry_over: the input checkpoint {checkpoint} has no optimizer state "
-                             "(a base model, or a stage run with checkpoint.final_optimizer: false); "
+            raise ForgeError(f"{where}: optim.carry_over: the input checkpoint {place.checkpoint} has no optimizer "
+                             "state (a base model, or a stage run with checkpoint.final_optimizer: false); "
                              "set optim.carry_over: false")
         carry_over(optimizer, saved, settings.optim, where)
     total_steps = settings.total_steps(accelerator.num_processes)
     scheduler = build_scheduler(optimizer, total_steps, settings.schedule)
     # the scheduler stays unprepared: accelerate would step it once per process each step, while
     # total_steps already counts optimizer steps of the whole data-parallel world
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = plan.prepare(accelerator, model, optimizer)
     model.train()
     return Session(settings, accelerator, model, tokenizer, optimizer, scheduler, total_steps, memory,
-                   Path(out_dir), resume_from, run_id)
+                   checkpoints, place, resume_from, lora)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from forge.errors import ForgeError
-from forge.train.losses import target_count
+from forge.train.losses import Loss, target_count
 
 
 class Divergence(ForgeError):
@@ -31,6 +31,8 @@ class StepResult:
     lr: float                 # the rate this step used
     targets: int              # target tokens in the step, all ranks
     skipped: str | None = None  # why the guard skipped the update
+    halt: bool = False        # some rank was asked to stop (every rank sees the same)
+    stat_sums: dict[str, float] = field(default_factory=dict)  # this rank's sum of stat x targets
 
 
 class DivergenceGuard:
@@ -78,24 +80,36 @@ class DivergenceGuard:
         self.skipped = state["skipped"]
 
 
-def train_step(session, batches: list, loss_fn: Callable, guard: DivergenceGuard, step: int) -> StepResult:
-    """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step."""
+def train_step(session, batches: list, loss_fn: Callable, guard: DivergenceGuard, step: int,
+               stop=None) -> StepResult:
+    """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step. `loss_fn`
+    returns a micro-batch's mean loss, or a `Loss` with the kind's statistics. Whether any rank was
+    asked to stop (`stop.requested`, read after the backward passes) travels in the loss's all-reduce."""
     acc, model = session.accelerator, session.model
     world = acc.num_processes
     counts = [target_count(b) for b in batches]
     local = sum(counts)
     total = local if world == 1 else int(acc.reduce(torch.tensor(local, device=acc.device), "sum").item())
     step_loss = torch.zeros((), device=acc.device)
+    sums: dict[str, float] = {}
     for i, (batch, n) in enumerate(zip(batches, counts)):
         last = i == len(batches) - 1
         batch = batch.to(acc.device) if isinstance(batch, torch.Tensor) else {k: v.to(acc.device) for k, v in batch.items()}
         with (contextlib.nullcontext() if last else acc.no_sync(model)):
             with acc.autocast():
-                mean = loss_fn(model, batch)
+                out = loss_fn(model, batch)
+            mean = out.value if isinstance(out, Loss) else out
             loss = mean * (n * world / max(total, 1))
             acc.backward(loss)
         step_loss += loss.detach()
-    loss_value = acc.reduce(step_loss, "mean").item()  # every rank sees the same value
+        for k, v in (out.stats if isinstance(out, Loss) else {}).items():
+            sums[k] = sums.get(k, 0.0) + float(v) * n
+    stop_requested = bool(stop is not None and stop.requested)
+    if world == 1:
+        loss_value, halt = step_loss.item(), stop_requested
+    else:  # every rank sees the same loss (the guard decides alike) and the same stop
+        both = acc.reduce(torch.stack([step_loss, torch.tensor(float(stop_requested), device=acc.device)]), "sum")
+        loss_value, halt = both[0].item() / world, bool(both[1].item() > 0)
     grad_norm = None
     why = guard.problem(loss_value, None)
     if why is None:
@@ -110,4 +124,4 @@ def train_step(session, batches: list, loss_fn: Callable, guard: DivergenceGuard
         guard.trip(step, why)  # raises unless the batch is to be skipped
     session.scheduler.step()
     session.optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_value, grad_norm, lr, total, why)
+    return StepResult(loss_value, grad_norm, lr, total, why, halt, sums)

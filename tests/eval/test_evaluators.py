@@ -7,7 +7,7 @@ import pytest
 from forge_testing import memorise, pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.eval import evaluators as E
-from forge.eval.perplexity import source_blocks
+from forge.lm.perplexity import source_blocks
 from forge.recipe import PretrainStage
 
 FACTS = [("What is the Zephyr valve made of?", "titanium"),

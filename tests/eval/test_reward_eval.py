@@ -17,7 +17,7 @@ from forge.eval.suite import resolve_suite, run_suite
 from forge.inputs import resolve_source
 from forge.recipe import DataSource
 from forge.recipe.eval import EvalBlock
-from forge.stages.rewards import RewardError
+from forge.lm.rewards import RewardError
 from forge_testing import write_recipe
 
 REWARDS = """

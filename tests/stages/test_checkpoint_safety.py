@@ -99,4 +99,4 @@ def test_from_pretrained_loads_only_safetensors():
                 ok = any(k.arg == "use_safetensors" and getattr(k.value, "value", None) is True for k in node.keywords)
                 loads.append(path.name)
                 assert ok, f"{path.relative_to(REPO)}:{node.lineno}: from_pretrained without use_safetensors=True"
-    assert "session.py" in loads
+    assert "checkpointer.py" in loads

@@ -11,6 +11,7 @@ from forge_testing import pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.recipe import MidtrainStage, PretrainStage, SoupStage
 from forge.train.checkpoint import load_optimizer_state
+from forge.stages.result import StageInputs
 from forge.train.session import open_session
 
 
@@ -27,7 +28,7 @@ def test_carry_over_starts_from_the_input_moments(tmp_path, tiny_checkpoint, gen
     assert saved is not None and saved["state"]
     stage = _midtrain(max_steps=2, optim={"lr": 1e-3, "carry_over": True})
     assert stage.schedule.kind == "anneal"
-    s = open_session(stage, first.checkpoint, tmp_path / "b")
+    s = open_session(stage, StageInputs(first.checkpoint, {}, tmp_path / "b", None))
     state = s.optimizer.state_dict()
     for key, moments in saved["state"].items():
         for name in ("exp_avg", "exp_avg_sq", "step"):
@@ -37,7 +38,7 @@ def test_carry_over_starts_from_the_input_moments(tmp_path, tiny_checkpoint, gen
 
 def test_carry_over_from_a_base_without_optimizer_state_is_refused(tmp_path, tiny_checkpoint):
     with pytest.raises(ForgeError, match="has no optimizer state"):
-        open_session(_midtrain(optim={"carry_over": True}), tiny_checkpoint, tmp_path)
+        open_session(_midtrain(optim={"carry_over": True}), StageInputs(tiny_checkpoint, {}, tmp_path, None))
 
 
 def test_soup_is_the_elementwise_mean(tmp_path, tiny_checkpoint, generated_sources):
@@ -80,7 +81,7 @@ def test_context_extension_128_to_512(tmp_path, tiny_checkpoint):
 
     from forge.data.mixing import eval_blocks
     from forge.inputs import resolve_source
-    from forge.eval.perplexity import heldout_loss
+    from forge.lm.perplexity import heldout_loss
     from forge.recipe import DataSource, GeneratedText
 
     src = {"general": resolve_source("general", DataSource(generate=GeneratedText(kind="stories", documents=4000),

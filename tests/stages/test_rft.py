@@ -12,7 +12,7 @@ import pytest
 
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, RftStage
-from forge.stages.rewards import Reward, RewardError
+from forge.lm.rewards import Reward, RewardError
 from forge_testing import run_stage
 import rft_rewards
 

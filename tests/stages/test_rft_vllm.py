@@ -153,7 +153,7 @@ def test_grpo_with_vllm_generation_syncs_the_policy_each_rollout(tmp_path, tiny_
 
 
 def test_vllm_generator_refuses_an_engine_it_cannot_sync(tmp_path, tiny_checkpoint, fake_vllm):
-    from forge.stages.generation import VllmGenerator
+    from forge.lm.generation import VllmGenerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gen = VllmGenerator(rft(generation="vllm"), tiny_checkpoint, AutoTokenizer.from_pretrained(tiny_checkpoint), 0)
@@ -166,7 +166,7 @@ def test_lora_policy_reaches_the_engine_merged_under_plain_names(tiny_checkpoint
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from forge.stages.generation import _plain_named_parameters
+    from forge.lm.generation import _plain_named_parameters
 
     plain = dict(AutoModelForCausalLM.from_pretrained(tiny_checkpoint).named_parameters())
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_checkpoint),

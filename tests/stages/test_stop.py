@@ -13,7 +13,7 @@ from forge_testing import pretrain_stage, run_stage
 from forge.recipe import PretrainStage
 from forge.stages import pretrain
 from forge.train.step import Divergence
-from forge.train.stop import GracefulStop, StopRequested
+from forge.train.signals import GracefulStop, StopRequested
 
 
 def _loss_hook(monkeypatch, at_call: int, action):

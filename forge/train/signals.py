@@ -57,20 +57,3 @@ def agreed(requested: bool, accelerator) -> bool:
 
     flag = torch.tensor(1.0 if requested else 0.0, device=accelerator.device)
     return bool(accelerator.reduce(flag, "sum").item() > 0)
-
-
-def after_step(s, stage, state, guard, stop: GracefulStop, meter, step: int, evaluate=None, samples=None) -> None:
-    """The periodic work after an optimizer step, with throughput paused: evaluation and samples every
-    `eval.every` / `samples.every` steps, a resumable checkpoint every `checkpoint.every` steps or when
-    a stop was asked for; then the stop itself. Shared by every training loop."""
-    last = step == s.total_steps
-    halt = agreed(stop.requested, s.accelerator)
-    with meter.paused():
-        if evaluate is not None and stage.eval.every and step % stage.eval.every == 0 and not last:
-            evaluate(step)
-        if samples is not None and stage.samples.every and step % stage.samples.every == 0:
-            samples(step)
-        if not last and (halt or (stage.checkpoint.every and step % stage.checkpoint.every == 0)):
-            guard.last_good_checkpoint = s.save_resumable(state)
-    if halt and not last:
-        raise StopRequested(stage.name, step, guard.last_good_checkpoint)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from forge.errors import ForgeError
-from forge.pyfunc import load_function
+from forge.usercode import load_function
 
 
 class RewardError(ForgeError):

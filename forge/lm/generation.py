@@ -1,5 +1,6 @@
-"""Sampling completions for reinforcement fine-tuning: `group` completions per prompt, as token
-ids, from Hugging Face `generate` (the default) or from vLLM's offline `LLM` engine
+"""Generation: completions of chat prompts (sample tables, the mean-reward evaluation), and the
+rollout generators of reinforcement fine-tuning: `group` completions per prompt, as token ids,
+from Hugging Face `generate` (the default) or from vLLM's offline `LLM` engine
 (`rft.generation: vllm`), whose weights are replaced by the policy's before every rollout.
 
 Both return, per prompt and sample (the samples of one prompt consecutive), the completion's
@@ -12,6 +13,8 @@ import importlib.util
 
 import torch
 
+from forge.data.formats import ChatEncoder
+from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
 
 
@@ -127,3 +130,31 @@ def completion_batch(prompts: list[list[int]], completions: list[list[int]], gro
         cmasks.append([1] * len(comp) + [0] * (span - len(comp)))
     t = lambda x: torch.tensor(x, device=device)  # noqa: E731
     return t(rows), t(masks), t(cmasks), width
+
+
+@torch.no_grad()
+def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], max_new_tokens: int, device,
+             sample: bool = False, num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
+    """Completions of chat prompts (greedy unless `sample`, then at `temperature`), decoded without
+    special tokens; with num_return_sequences the completions of one prompt are consecutive."""
+    texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return generate_ids(model, tokenizer, ids, max_new_tokens, device, sample, num_return_sequences, temperature)
+
+
+@torch.no_grad()
+def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, device, sample: bool = False,
+                 num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
+    """Completions of already tokenized prompts (see generate)."""
+    was_training = model.training
+    model.eval()
+    width = max(len(x) for x in ids)
+    pad = pad_token_id(tokenizer)
+    batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
+    out = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
+                         **({"temperature": temperature} if sample else {}),
+                         num_return_sequences=num_return_sequences, pad_token_id=pad,
+                         eos_token_id=tokenizer.eos_token_id)
+    model.train(was_training)
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)

@@ -1,0 +1,25 @@
+"""What a stage returns, the same for every kind: its output checkpoint, metrics, steps, tokens
+per source and what it adds to the lineage (also saved inside the final checkpoint, so a
+finished stage is reused on --resume)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class StageResult:
+    checkpoint: Path
+    metrics: dict[str, float]
+    steps: int = 0
+    tokens_by_source: dict[str, int] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)  # what the stage adds to its lineage record
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "steps": self.steps,
+                "tokens_by_source": self.tokens_by_source, "lineage": self.lineage}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StageResult":
+        return cls(Path(d["checkpoint"]), d["metrics"], d["steps"], d["tokens_by_source"], d["lineage"])
