@@ -7,7 +7,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
-from forge.data.formats import (IGNORE, ChatEncoder, FormatSpec, FormatStats, RecordError, _fit, to_messages,
+from forge.data.formats import (IGNORE, ChatEncoder, FormatSpec, FormatStats, RecordError, fit_to_length, to_messages,
                                 to_preference)
 from forge.errors import ForgeError
 
@@ -42,7 +42,7 @@ def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len:
     for name, (ids, labels) in zip(("chosen", "rejected"), encoded):
         if spec.too_long == "truncate":
             ids, labels = _keep_reply(ids, labels, seq_len, stats)
-        ex = _fit(ids, labels, seq_len, spec.too_long, stats)
+        ex = fit_to_length(ids, labels, seq_len, spec.too_long, stats)
         if ex is None:
             return None
         out[f"{name}_input_ids"], out[f"{name}_labels"] = ex["input_ids"], ex["labels"]
@@ -85,7 +85,7 @@ def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSp
     raises, or with on_error 'skip' is counted (more than `max_errors` still raise)."""
     enc = ChatEncoder(tokenizer, spec)
     return _records(rows, source_name, stats, lambda row, where: [enc.prepare(to_messages(row, spec, where), where)],
-                    lambda done: _fit(*done[0], seq_len, spec.too_long, stats), enc, seq_len + 1, on_error, max_errors)
+                    lambda done: fit_to_length(*done[0], seq_len, spec.too_long, stats), enc, seq_len + 1, on_error, max_errors)
 
 
 def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict
 
 from forge.data.chat_render import DEFAULT_CHAT_TEMPLATE, GENERATION_TAG, ChatRenderer
-from forge.data.head_encode import HeadEncoder, _bisect_bounds
+from forge.data.head_encode import HeadEncoder, token_spans
 from forge.errors import ForgeError
 
 IGNORE = -100
@@ -283,7 +283,7 @@ class ChatEncoder:
         if self.heads is None:
             encs = [self.tokenizer(t, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
                     for t in texts]
-            done = [(e["input_ids"], _bisect_bounds(e["offset_mapping"], s)) for e, s in zip(encs, spans)]
+            done = [(e["input_ids"], token_spans(e["offset_mapping"], s)) for e, s in zip(encs, spans)]
         else:
             done = self.heads.encode(texts, spans, limit)
         out = []
@@ -305,7 +305,8 @@ class ChatEncoder:
         return self.encode_prepared([self.prepare(messages, where, first_loss_turn)], limit)[0]
 
 
-def _fit(ids: list[int], labels: list[int], seq_len: int, policy: str, stats: FormatStats) -> dict | None:
+def fit_to_length(ids: list[int], labels: list[int], seq_len: int, policy: str, stats: FormatStats) -> dict | None:
+    """An encoded example within seq_len by the too_long policy (drop: None, counted), or as it is."""
     if len(ids) > seq_len:
         if policy == "drop":
             stats.dropped_too_long += 1
@@ -326,4 +327,4 @@ def tokenize_sft(messages: list[dict], tokenizer_or_encoder, spec: FormatSpec, s
     """{'input_ids', 'labels'} for one conversation, or None when dropped (too long or nothing labelled)."""
     enc = tokenizer_or_encoder if isinstance(tokenizer_or_encoder, ChatEncoder) else ChatEncoder(tokenizer_or_encoder, spec)
     ids, labels = enc.encode(messages, where, limit=seq_len + 1)
-    return _fit(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())
+    return fit_to_length(ids, labels, seq_len, spec.too_long, stats if stats is not None else FormatStats())

@@ -133,7 +133,7 @@ class HeadEncoder:
         """[(ids, [(lo, hi) per span])] for each text."""
         if self.cutter is None:  # the Rust tokenizer with offsets (same as transformers' call, less wrapping)
             encs = [self.backend.encode(t, add_special_tokens=False) for t in texts]
-            return [(e.ids, _bisect_bounds(e.offsets, s)) for e, s in zip(encs, spans)]
+            return [(e.ids, token_spans(e.offsets, s)) for e, s in zip(encs, spans)]
         if limit and self.chars_per_token is None and texts:  # a first estimate from a sample of the batch
             sample = "".join(texts)[:20 * limit]
             self.chars_per_token = len(sample) / max(1, len(self._fast([sample])[0]))
@@ -158,7 +158,7 @@ class HeadEncoder:
                 at = {0: 0, **{p: next(counts) for p in e}}
                 out.append((x, [(at.get(a, len(x)), at.get(b, len(x))) for a, b in s]))
             else:
-                out.append((x, _bisect_bounds(self.backend.encode(h, add_special_tokens=False).offsets, s)))
+                out.append((x, token_spans(self.backend.encode(h, add_special_tokens=False).offsets, s)))
         return out
 
     def _guess(self, text: str, limit: int | None) -> str:
@@ -170,7 +170,8 @@ class HeadEncoder:
         return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)] if texts else []
 
 
-def _bisect_bounds(offsets: list, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def token_spans(offsets: list, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Character spans as [first, end) token index spans, from the tokens' character offsets."""
     # token start offsets are non-decreasing: each span is one slice of tokens
     return [(bisect.bisect_left(offsets, a, key=_start), bisect.bisect_left(offsets, b, key=_start)) for a, b in spans]
 
