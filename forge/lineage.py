@@ -27,7 +27,7 @@ class _Record(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         for key in self.omitted_when_none:
             if data.get(key) is None:
                 data.pop(key, None)
@@ -94,7 +94,7 @@ class StageRecord(_Record):
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         for key in self.omitted_when_none:
             if data.get(key) is None:
                 data.pop(key, None)
@@ -190,8 +190,13 @@ class Lineage(_Record):
         """A `lineage.json`, of this version or an older one; a ForgeError naming the file if it is not one."""
         try:
             return cls.model_validate(json.loads(Path(path).read_text()))
-        except (ValueError, ValidationError) as e:  # JSONDecodeError is a ValueError
-            raise ForgeError(f"{path}: not a forge lineage: {str(e).splitlines()[0]}") from None
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ForgeError(f"{path}: not a forge lineage: {where + ': ' if where else ''}{first['msg']}"
+                             + (f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else "")) from None
+        except ValueError as e:  # not JSON
+            raise ForgeError(f"{path}: not a forge lineage: {e}") from None
 
 
 class ReadSource(Protocol):

@@ -1,8 +1,9 @@
 """Quiet the libraries under forge's commands (transformers' progress bars and advisories, the
-tokenizers' fork warning, MLflow's INFO lines) so that `forge run` and `forge eval` print only
-forge's own lines."""
+tokenizers' fork warning, MLflow's INFO lines and artifact progress bars, botocore's request
+details) so that `forge run`, `forge eval`, `forge export` and `forge deploy` print only forge's own lines."""
 from __future__ import annotations
 
+import logging
 import os
 
 
@@ -13,6 +14,8 @@ def quiet_libraries() -> None:
     from forge.track import quiet_mlflow
 
     quiet_mlflow()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # never echo request details
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,8 +1,10 @@
 """Helpers shared by the tests: recipe builders and the path to ../shared/data."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -35,16 +37,84 @@ def pretrain_stage(name="cpt", mixture=None, **kw) -> dict:
 
 
 class Recorder:
-    """A tracker that keeps each logged metrics row as (step, metrics)."""
+    """A tracker that keeps what it is given, satisfying forge.track.Tracker (checked by mypy in
+    tests/test_layering.py): each metrics row as (step, metrics) in `rows`, each table in `tables`,
+    single figures in `summaries`, and every call, in order, as (method, arguments) in `calls`."""
 
-    def __init__(self):
-        self.rows = []
+    def __init__(self) -> None:
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+        self.tables: list[tuple[str, dict[str, list[Any]]]] = []
+        self.summaries: list[tuple[str, dict[str, Any], str | None]] = []
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._runs = 0
 
-    def log_metrics(self, metrics, step=None):
+    def _note(self, method: str, *args: Any) -> None:
+        self.calls.append((method, args))
+
+    # what a stage calls (forge.track.StageTracker)
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.rows.append((step, dict(metrics)))
 
-    def set_tags(self, tags):
-        pass
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._note("set_tags", dict(tags))
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._note("log_params", dict(params))
+
+    def log_summary(self, section: str, values: dict[str, Any], run_id: str | None = None) -> None:
+        self.summaries.append((section, dict(values), run_id))
+
+    def log_table(self, table: dict[str, list[Any]], artifact_file: str) -> None:
+        self.tables.append((artifact_file, table))
+
+    # what the pipeline, the runner and the evaluation call (forge.track.Tracker)
+    @contextlib.contextmanager
+    def run(self, name: str, tags: dict[str, str] | None = None, run_id: str | None = None) -> Iterator[str | None]:
+        self._runs += 1
+        self._note("run", name, dict(tags or {}), run_id)
+        yield run_id or f"run{self._runs}"
+
+    def run_status(self, run_id: str) -> str | None:
+        return None
+
+    def end_stale(self, run_id: str, message: str) -> None:
+        self._note("end_stale", run_id, message)
+
+    def describe(self, markdown: str) -> None:
+        self._note("describe", markdown)
+
+    def log_dataset(self, name: str, path: str, digest: str, context: str = "train",
+                    tags: dict[str, str] | None = None) -> None:
+        self._note("log_dataset", name, path, digest, context, tags)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._note("log_text", text, artifact_file)
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        self._note("log_dict", data, artifact_file)
+
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        self._note("log_artifact", str(path), artifact_path)
+
+    def log_bytes(self, data: bytes, artifact_file: str) -> None:
+        self._note("log_bytes", len(data), artifact_file)
+
+    def register_model(self, model_dir: str | os.PathLike[str], name: str, alias: str,
+                       tags: dict[str, str]) -> int | None:
+        self._note("register_model", str(model_dir), name, alias, dict(tags))
+        return None
+
+    def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
+        self._note("describe_model", name, version, markdown, model_markdown)
+
+    def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
+        return None
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        self._note("set_alias", name, alias, version)
+
+    def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
+        self._note("set_version_tags", name, version, dict(tags))
 
 
 def run_stage(stage, checkpoint, sources, out, tracker=None, resume=False, outputs=None):

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.quiet import quiet_libraries
 
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?", re.IGNORECASE)
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -67,7 +68,7 @@ def run_export(args: argparse.Namespace) -> int:
         template = args.chat_template.read_text()
     if bool(args.role_arn) != bool(args.s3_uri):
         raise ForgeError("--role-arn and --s3-uri go together (they make bedrock-import-job.json)")
-    _quiet()
+    quiet_libraries()
     opts = ExportOptions(format=args.format, dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size),
                          model_name=args.model_name, job_name=args.job_name, role_arn=args.role_arn,
                          s3_uri=args.s3_uri.rstrip("/") + "/" if args.s3_uri else None,
@@ -79,29 +80,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from forge.export.deploy import deploy
+    from forge.export.deploy import DeployOptions, deploy
 
-    _quiet()
-    report = deploy(args.folder, args.s3_uri, args.role_arn, region=args.region, dry_run=args.dry_run,
-                    job_name=args.job_name, wait=not args.no_wait, poll_seconds=args.poll_seconds,
-                    timeout_seconds=args.timeout_minutes * 60, part_size=args.part_size_mb * 1024**2,
-                    tracking_uri=args.tracking_uri)
+    quiet_libraries()
+    opts = DeployOptions(region=args.region, dry_run=args.dry_run, job_name=args.job_name, wait=not args.no_wait,
+                         poll_seconds=args.poll_seconds, timeout_seconds=args.timeout_minutes * 60,
+                         part_size=args.part_size_mb * 1024**2, tracking_uri=args.tracking_uri)
+    report = deploy(args.folder, args.s3_uri, args.role_arn, opts)
     if "job_arn" in report:
         status = report.get("status", "submitted")
         print(f"import job {report['job_name']}: {status}" +
               (f"; model {report['imported_model_arn']}" if report.get("imported_model_arn") else ""))
     return 0
-
-
-def _quiet() -> None:
-    import logging
-    import os
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    logging.getLogger("botocore").setLevel(logging.WARNING)  # never echo request details
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()

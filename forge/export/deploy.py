@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from forge.errors import ForgeError
@@ -87,11 +88,26 @@ def wait_for_job(client, job_arn: str, poll_seconds: float, timeout_seconds: flo
         waited += poll_seconds
 
 
-def deploy(folder: Path, s3_uri: str, role_arn: str, region: str | None = None, dry_run: bool = False,
-           job_name: str | None = None, wait: bool = True, poll_seconds: float = 30, timeout_seconds: float = 4 * 3600,
-           part_size: int = 64 * 1024**2, tracking_uri: str | None = None, session=None, log=print) -> dict:
-    """Upload `folder` (a bedrock export) to `s3_uri` and import it; `dry_run` touches no AWS API.
+@dataclass
+class DeployOptions:
+    """How `forge deploy` runs: where, under which job name, whether it waits for the import."""
+
+    region: str | None = None
+    dry_run: bool = False            # touch no AWS API: say what would be uploaded and submitted
+    job_name: str | None = None      # default: the model name and a timestamp
+    wait: bool = True                # poll the import job until it completes or fails
+    poll_seconds: float = 30
+    timeout_seconds: float = 4 * 3600
+    part_size: int = 64 * 1024**2    # multipart upload part size
+    tracking_uri: str | None = None  # where the Novella's run is (default: the manifest's)
+
+
+def deploy(folder: Path, s3_uri: str, role_arn: str, opts: DeployOptions | None = None, session=None,
+           log=print) -> dict:
+    """Upload `folder` (a bedrock export) to `s3_uri` and import it; `opts.dry_run` touches no AWS API.
     `session`: a boto3 Session (tests pass one with moto/Stubber clients); default: the standard chain."""
+    opts = opts or DeployOptions()
+    region, dry_run, job_name, wait = opts.region, opts.dry_run, opts.job_name, opts.wait
     folder = Path(folder)
     manifest = read_manifest(folder)
     bucket, prefix = parse_s3_uri(s3_uri)
@@ -111,13 +127,13 @@ def deploy(folder: Path, s3_uri: str, role_arn: str, region: str | None = None, 
         session = session or boto3.Session(region_name=region)
         s3, client = session.client("s3"), session.client("bedrock")
         log(f"uploading {folder} to {uri}")
-        report.update(upload(folder, s3, bucket, prefix, manifest, part_size, log))
+        report.update(upload(folder, s3, bucket, prefix, manifest, opts.part_size, log))
         log(f"  {len(report['uploaded'])} uploaded, {len(report['skipped'])} already there (same sha256)")
         response = client.create_model_import_job(**request)
         report["job_arn"] = response["jobArn"]
         log(f"import job started: {response['jobArn']}")
         if wait:
-            final = wait_for_job(client, response["jobArn"], poll_seconds, timeout_seconds, log)
+            final = wait_for_job(client, response["jobArn"], opts.poll_seconds, opts.timeout_seconds, log)
             report["status"] = final["status"]
             report["imported_model_arn"] = final.get("importedModelArn")
     except NoCredentialsError:
@@ -130,7 +146,7 @@ def deploy(folder: Path, s3_uri: str, role_arn: str, region: str | None = None, 
         raise ForgeError(f"AWS {e.operation_name}: {err.get('Code', '?')}: {err.get('Message', '')}") from None
     except BotoCoreError as e:
         raise ForgeError(f"AWS: {type(e).__name__}: {e}") from None
-    _track(manifest, request, report, tracking_uri, log)
+    _track(manifest, request, report, opts.tracking_uri, log)
     return report
 
 

@@ -8,12 +8,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from forge.errors import ForgeError
 from forge.lineage import Lineage
 
 
-def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike) -> dict:
+def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike[str]) -> dict[str, Any]:
     """Download a registered Novella (`models:/name@alias` or `models:/name/version`) into `dest`
     as one Hugging Face folder (weights, config, tokenizer, lineage.json from its run).
     Returns {'folder', 'name', 'version', 'run_id'}."""
@@ -75,11 +76,11 @@ def find_novella_run(tracking_uri: str, lineage: Lineage) -> str | None:
                                                            dst_path=tmp)
                 logged = json.loads(Path(path).read_text())
                 if logged.get("created") == lineage.created and logged.get("base") == lineage.base.model_dump():
-                    return run.info.run_id
+                    return str(run.info.run_id)
     return None
 
 
-def log_export(tracking_uri: str, run_id: str, files: dict[str, dict], exported_uri: str) -> list[str]:
+def log_export(tracking_uri: str, run_id: str, files: dict[str, dict[str, Any]], exported_uri: str) -> list[str]:
     """Log an export's manifest/job request (`files`: artifact name -> dict) on the Novella's run,
     tag the run and each registry version made from it with `exported_uri`; return 'name/version's."""
     import mlflow

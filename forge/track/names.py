@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3)
 MAX_PARAM_KEY = 250
@@ -16,7 +16,7 @@ METRICS_PER_BATCH = 1000
 # section by prefix (train/, eval/, data/, system/), so a run opens on its curves in this order;
 # the training curves of every stage kind: pretrain/midtrain, sft (target_tokens, epoch), dpo
 # (rewards/chosen, rewards/margin, ...), rft (reward_mean, reward.<function>.mean, kl, ...)
-_METRIC_NAMES = [
+_METRIC_NAMES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens|target_tokens|epoch|completion_length|clip_fraction|kl"
                 r"|reward_mean|reward_std)"), r"train/\1"),
     (re.compile(r"(tokens|repeats)\.(.+)"), r"train/\1/\2"),

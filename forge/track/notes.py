@@ -34,9 +34,9 @@ def base_summary(spec: Any) -> str:
     s = spec.get("scratch", spec) if isinstance(spec, dict) else spec
     if not isinstance(s, dict):
         return str(s)
-    shape = {"hidden_size": "hidden {}", "layers": "{} layers", "heads": "{} heads", "vocab_size": "vocab {}",
+    words = {"hidden_size": "hidden {}", "layers": "{} layers", "heads": "{} heads", "vocab_size": "vocab {}",
              "max_position": "context {}"}
-    shape = [text.format(s[k]) for k, text in shape.items() if k in s]
+    shape = [text.format(s[k]) for k, text in words.items() if k in s]
     return f"scratch {s.get('arch', 'llama')}: {', '.join(shape)}"
 
 

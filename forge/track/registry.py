@@ -8,7 +8,7 @@ import os
 TEXT_LIMIT = 5000  # MLflow's longest tag value and model (version) description
 
 
-def register_model(model_dir: str | os.PathLike, name: str, alias: str, tags: dict[str, str]) -> int:
+def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tags: dict[str, str]) -> int:
     import mlflow
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer

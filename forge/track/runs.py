@@ -71,7 +71,11 @@ def parent_run(tracker: Tracker, out: Path, name: str, tags: dict[str, str], res
     earlier run when it can be continued, else a new one (tagged with the run it follows, if any).
     `main`: this process writes `tracking.json` (rank 0). The run ends FAILED if the body raises."""
     runs = RunIds.load(out)
-    previous = runs.reopenable(tracker) if resume else runs.discard(tracker)
+    if resume:
+        previous = runs.reopenable(tracker)
+    else:
+        runs.discard(tracker)
+        previous = None
     with tracker.run(name, tags=tags, run_id=previous) as run_id:
         new = bool(run_id) and run_id != previous
         if new:

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
 from forge.track import registry
@@ -39,7 +39,7 @@ class MlflowTracker:
         self.enabled, self.uri, self.experiment, self.on_error = enabled, uri, experiment, on_error
         self.system_metrics = system_metrics
         self._summaries: dict[str, dict[str, dict[str, str]]] = {}  # run id -> section -> name -> value
-        self._pending: list = []  # (what, call) the store refused, in order, for on_error="buffer"
+        self._pending: list[tuple[str, Callable[[], Any]]] = []  # (what, call) the store refused, in order, for on_error="buffer"
         self._buffered = 0
         if not enabled:
             return
@@ -63,7 +63,7 @@ class MlflowTracker:
             raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
 
     # ---------------------------------------------------------------------- store faults
-    def _call(self, what: str, fn, *args, **kwargs) -> None:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Send one record to the store: retried later (buffer) or a forge error (fail) if it fails."""
         if self._pending:
             self._flush()
@@ -150,7 +150,7 @@ class MlflowTracker:
         if not self.enabled:
             return None
         try:
-            return self._mlflow.MlflowClient().get_run(run_id).info.status
+            return str(self._mlflow.MlflowClient().get_run(run_id).info.status)
         except self._mlflow.exceptions.MlflowException:
             return None
 
@@ -216,7 +216,7 @@ class MlflowTracker:
 
         self._mlflow.MlflowClient().log_batch(run_id, params=[Param(k, v) for k, v in params])
 
-    def _log_table(self, rows: dict, artifact_file: str, run_id: str | None = None) -> None:
+    def _log_table(self, rows: dict[str, list[Any]], artifact_file: str, run_id: str | None = None) -> None:
         with warnings.catch_warnings():  # pandas' dtype advisories from inside MLflow
             warnings.simplefilter("ignore")
             self._mlflow.log_table(rows, artifact_file=artifact_file, run_id=run_id)
@@ -245,11 +245,11 @@ class MlflowTracker:
         if self.enabled:
             self._call(artifact_file, self._mlflow.log_text, text, artifact_file)
 
-    def log_dict(self, data: dict, artifact_file: str) -> None:
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
         if self.enabled:
             self._call(artifact_file, self._mlflow.log_dict, data, artifact_file)
 
-    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         if self.enabled:
             self._call(str(path), self._mlflow.log_artifact, str(path), artifact_path)
 
@@ -263,7 +263,7 @@ class MlflowTracker:
             self._mlflow.log_artifact(str(p), None if parent == "." else parent)
 
     # ------------------------------------------------------- registry (forge.track.registry)
-    def register_model(self, model_dir: str | os.PathLike, name: str, alias: str,
+    def register_model(self, model_dir: str | os.PathLike[str], name: str, alias: str,
                        tags: dict[str, str]) -> int | None:
         """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
         return registry.register_model(model_dir, name, alias, tags) if self.enabled else None
@@ -286,7 +286,7 @@ class MlflowTracker:
         if self.enabled:
             registry.set_version_tags(name, version, tags)
 
-    def log_table(self, table: dict[str, list], artifact_file: str) -> None:
+    def log_table(self, table: dict[str, list[Any]], artifact_file: str) -> None:
         """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
         if self.enabled:
             self._mlflow.log_table(data=table, artifact_file=artifact_file)
@@ -299,8 +299,8 @@ def _signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught: list = []
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    caught: list[tuple[int, Any]] = []
+    previous: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
         signal.signal(s, lambda signum, frame: caught.append((signum, frame)))
     try:

@@ -13,7 +13,7 @@ from moto import mock_aws
 from export_fixtures import save_tiny
 from forge import cli
 from forge.errors import ForgeError
-from forge.export.deploy import deploy, upload
+from forge.export.deploy import DeployOptions, deploy, upload
 from forge.export.layout import ExportOptions, export
 from forge.export.source import resolve
 
@@ -66,7 +66,7 @@ def _expect_job(aws, final: dict):
 
 def test_deploy_uploads_then_imports(exported, aws):
     _expect_job(aws, _job("Completed", importedModelArn=MODEL_ARN))
-    report = deploy(exported, "s3://forge-models/novellas/tiny", ROLE, job_name="job-1", poll_seconds=0,
+    report = deploy(exported, "s3://forge-models/novellas/tiny", ROLE, DeployOptions(job_name="job-1", poll_seconds=0),
                     session=aws, log=lambda *_: None)
     aws.stub.assert_no_pending_responses()
     assert report["status"] == "Completed" and report["imported_model_arn"] == MODEL_ARN
@@ -129,7 +129,7 @@ def test_changed_file_is_not_uploaded(exported, aws, tmp_path):
     shutil.copytree(exported, copy)
     (copy / "config.json").write_text("{}")
     with pytest.raises(ForgeError, match="config.json: missing or changed since export"):
-        deploy(copy, "s3://forge-models/x", ROLE, job_name="job-1", session=aws, log=lambda *_: None)
+        deploy(copy, "s3://forge-models/x", ROLE, DeployOptions(job_name="job-1"), session=aws, log=lambda *_: None)
 
 
 def test_dry_run_sends_nothing(exported, monkeypatch, capsys):

@@ -15,21 +15,7 @@ from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource  # noqa: E402
 from forge.kinds import KINDS  # noqa: E402
 from forge.track import null_tracker  # noqa: E402
-from forge_testing import run_stage  # noqa: E402
-
-
-class Recorder:
-    def __init__(self):
-        self.metrics, self.tables = [], []
-
-    def log_metrics(self, m, step=None):
-        self.metrics.append({"step": step, **m})
-
-    def log_table(self, table, artifact_file):
-        self.tables.append(artifact_file)
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+from forge_testing import Recorder, run_stage  # noqa: E402
 
 
 def sources(data: Path) -> dict:
@@ -49,7 +35,8 @@ def main(stages_json: str, checkpoint: str, data_dir: str, out: str) -> None:
         result = run_stage(stage, checkpoint, sources(Path(data_dir)), Path(out) / stage.name, tracker=tracker)
         if rank == 0:
             (Path(out) / stage.name / "logged.json").write_text(json.dumps(
-                {"metrics": tracker.metrics, "tables": tracker.tables, "result": result.metrics}))
+                {"metrics": [{"step": step, **m} for step, m in tracker.rows],
+                 "tables": [name for name, _ in tracker.tables], "result": result.metrics}))
 
 
 if __name__ == "__main__":
