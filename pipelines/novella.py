@@ -66,7 +66,8 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage.data = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
         lineage.hygiene = dict(inputs.hygiene)
-        p = PipelineState(tracker, inputs, RunPlace(out, folder.run_id if folder is not None else None, resume),
+        place = RunPlace(out, folder.run_id if folder is not None else None, resume, recipe.parallelism.strategy)
+        p = PipelineState(tracker, inputs, place,
                           Planned(plans, comparison, recipe_model_config(recipe)), parent.runs,
                           state.is_main_process and state.num_processes == 1, log=log)
         results = _run_stages(recipe, p, lineage)

@@ -7,7 +7,7 @@ from forge.recipe.data import NAME, DataSource, GeneratedText, Strict
 from forge.recipe.eval import EvalBlock, FactRecall, Gates, LmEval, MeanReward, Preference
 from forge.recipe.registry import SETTINGS, AnyStage, StageSettings, kind_name, stage_kinds
 from forge.recipe.schema import (
-    Base, Compute, Recipe, ScratchBase, Stage, Tracking, load_recipe, resolve_paths, resolved_yaml,
+    Base, Compute, Parallelism, Recipe, ScratchBase, Stage, Tracking, load_recipe, resolve_paths, resolved_yaml,
 )
 from forge.recipe.settings import (
     CheckpointSettings, ContextExtension, DpoStage, EvalSettings, Guard, Lora, MergeBack, MidtrainStage,
@@ -18,7 +18,7 @@ from forge.recipe.settings import (
 __all__ = [
     "NAME", "DataSource", "GeneratedText", "Strict",
     "EvalBlock", "FactRecall", "Gates", "LmEval", "MeanReward", "Preference",
-    "SETTINGS", "AnyStage", "StageSettings", "kind_name", "stage_kinds", "Base", "Compute", "Recipe", "ScratchBase", "Stage", "Tracking",
+    "SETTINGS", "AnyStage", "StageSettings", "kind_name", "stage_kinds", "Base", "Compute", "Parallelism", "Recipe", "ScratchBase", "Stage", "Tracking",
     "load_recipe", "resolve_paths", "resolved_yaml",
     "CheckpointSettings", "ContextExtension", "DpoStage", "EvalSettings", "Guard", "Lora", "MergeBack",
     "MidtrainStage", "NovaMixture", "Optim", "PostTrainSettings", "PretrainStage", "RewardSource", "RftStage",

@@ -104,6 +104,13 @@ class Tracking(Strict):
         return v
 
 
+class Parallelism(Strict):
+    """How the training processes of a launch share the work (forge.train.parallel implements each)."""
+
+    strategy: Literal["ddp"] = Field("ddp", description="ddp: every process holds the whole model and "
+                                     "a share of each batch (one process: plain training)")
+
+
 class Compute(Strict):
     target: str = "local"
     chips: int | None = Field(None, gt=0)
@@ -121,6 +128,7 @@ class Recipe(Strict):
     hygiene: HygieneConfig = HygieneConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
+    parallelism: Parallelism = Parallelism()
     eval: EvalBlock | None = Field(None, description="evaluation suite, gates and primary metric (forge.eval)")
     output: str
 

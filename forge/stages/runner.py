@@ -35,6 +35,7 @@ class RunPlace:
     out: Path
     run_id: str | None = None   # the run identity (forge.rundir): resume continues only its checkpoints
     resume: bool = False
+    parallelism: str = "ddp"    # the recipe's parallelism.strategy: how stages train and save (forge.train.parallel)
 
 
 @dataclass
@@ -58,7 +59,7 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
     if done is not None and p.runs.reopened and stage.name in p.runs.stages:
         p.log("  finished in an earlier run: reusing its checkpoint (and its MLflow run)")
         result = StageResult.from_dict(done)
-        merged = _merge_back(stage, checkpoint, result, stage_dir)
+        merged = _merge_back(stage, checkpoint, result, p.place)
     else:
         run_id = p.runs.stages.get(stage.name) if p.runs.reopened else None
         tags = {"forge.stage": stage.kind, "forge.stage_index": str(index)}
@@ -73,7 +74,8 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
                 result = StageResult.from_dict(done)
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, resume=resume,
-                                     outputs=dict(p.outputs), log=p.log, run_id=p.place.run_id)
+                                     outputs=dict(p.outputs), log=p.log, run_id=p.place.run_id,
+                                     parallelism=p.place.parallelism)
                 reset_peak_rss()
                 result = KINDS[stage.kind].runner()(stage, inputs)
                 result.metrics["peak_rss_mb"] = peak_rss_mb()  # this process's, while the stage trained
@@ -84,7 +86,7 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
                     plan = p.planned.plans[stage.name]
                     log_plan_chart(tracker, plan, p.planned.comparison.get(stage.name, []),
                                    {plan.target: result.metrics["train_seconds"] / 3600})
-            merged = _merge_back(stage, checkpoint, result, stage_dir)
+            merged = _merge_back(stage, checkpoint, result, p.place)
             tracker.describe(stage_note(stage, checkpoint, result, p.planned.plans.get(stage.name), merged))
     p.outputs[stage.name] = result.checkpoint
     record = StageRecord(name=stage.name, kind=stage.kind, settings=stage.model_dump(mode="json"),
@@ -94,19 +96,17 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
     return result, record
 
 
-def _merge_back(stage: Any, checkpoint: Path, result: StageResult, stage_dir: Path) -> MergeRecord | None:
+def _merge_back(stage: Any, checkpoint: Path, result: StageResult, place: RunPlace) -> MergeRecord | None:
     """With `merge: {weight}`, the stage's output becomes its interpolation toward the input weights
-    (rank 0 writes it); returns what the lineage records of it."""
+    (written through the strategy's checkpointer); returns what the lineage records of it."""
     cfg = getattr(stage, "merge", None)
     if cfg is None:
         return None
     from forge.train.accel import process_state
-    from forge.train.merge import merge_back
+    from forge.train.parallel import checkpointer
 
-    state, trained, out = process_state(), result.checkpoint, stage_dir / "merged"
-    if state.is_main_process:
-        merge_back(trained, checkpoint, cfg.weight, out)
-    state.wait_for_everyone()
+    trained, out = result.checkpoint, place.out / "stages" / stage.name / "merged"
+    checkpointer(place.parallelism, process_state()).merge_back(trained, checkpoint, cfg.weight, out)
     result.checkpoint = out
     return MergeRecord(weight=cfg.weight, trained_checkpoint=str(trained), input_checkpoint=str(checkpoint),
                        output_checkpoint=str(out))
