@@ -7,9 +7,11 @@ reuse them instead of evaluating again.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from forge.eval.cache import EvalCache, suite_key
 from forge.eval.suite import START, resolve_suite, run_suite
+from forge.track.protocol import Tracker
 
 CACHE_FILE = Path("eval") / "measured.json"
 
@@ -19,7 +21,7 @@ def open_cache(suite, sources: dict, out: Path) -> EvalCache:
     return EvalCache(Path(out) / CACHE_FILE, suite_key(suite, {n: sources[n].fingerprint() for n in suite.sources()}))
 
 
-def log_once(tracker, cache: EvalCache, run_id: str | None, folder: Path, metrics: dict[str, float]) -> None:
+def log_once(tracker: Tracker, cache: EvalCache, run_id: str | None, folder: Path, metrics: dict[str, float]) -> None:
     """`suite.*` figures into a stage's run, unless that run already holds this model's figures."""
     if run_id and not cache.logged(folder, run_id):
         tracker.log_summary("suite", metrics, run_id=run_id)
@@ -29,7 +31,8 @@ def log_once(tracker, cache: EvalCache, run_id: str | None, folder: Path, metric
 class StageEvaluator:
     """Evaluates stage outputs for one pipeline run (rank 0 only)."""
 
-    def __init__(self, recipe, sources: dict, base: Path, out: Path, tracker, log=print):
+    def __init__(self, recipe: Any, sources: dict[str, Any], base: Path, out: Path, tracker: Tracker,
+                 log: Callable[[str], None] = print):
         self.suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
         self.sources, self.base, self.tracker, self.log = sources, Path(base), tracker, log
         self.cache = open_cache(self.suite, sources, out)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from forge.track.protocol import Tracker
 from forge.train.result import StageResult
 
 __all__ = ["StageInputs", "StageResult"]
@@ -15,7 +16,7 @@ class StageInputs:
     checkpoint: Path                      # the checkpoint this stage starts from
     sources: dict[str, Any]               # data source name -> forge.data.sources.Source
     out_dir: Path                         # stages/<name>: final/ and checkpoints/ go here
-    tracker: Any                          # forge.track's Tracker protocol (or a test recorder)
+    tracker: Tracker                      # forge.track.MlflowTracker, or a test recorder
     resume: bool = False                  # continue from the newest checkpoint in out_dir
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stages' checkpoints, by name
     log: Callable[..., None] = print
