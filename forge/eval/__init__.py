@@ -1,3 +1,4 @@
 """Evaluation of models against the starting checkpoint (forge.eval): evaluators (perplexity per
-source, retention, fact recall, preference accuracy, custom, lm-eval), the suite runner, the
-comparison report, gates, registry aliases, the model card, and `forge eval`."""
+source and fact recall through forge.lm, retention, preference accuracy, mean reward, custom,
+lm-eval), the suite runner and its cache, the comparison report, gates, registry aliases, the
+model card, the end of a Novella run (finish), evaluation after each stage, and `forge eval`."""
