@@ -25,7 +25,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from bench_hygiene import bench_hygiene  # noqa: E402
 from forge.data.examples import sft_examples  # noqa: E402
 from forge.data.formats import FormatSpec, FormatStats  # noqa: E402
-from forge.data.mixing import build_mixture  # noqa: E402
+from forge.data.mixing import eval_mixture  # noqa: E402
 from forge.data.packing import pack_best_fit, pack_next_fit, packing_efficiency, pad_batches  # noqa: E402
 from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource  # noqa: E402
@@ -36,9 +36,9 @@ TOKENIZER = SHARED / "models/stories260K"
 
 
 def forge_pass(source, tok, seq_len: int) -> int:
-    """One pass over every document: build_mixture's eval split with holdout 1.0 reads each once."""
+    """One pass over every document: an evaluation mixture with holdout 1.0 reads each once."""
     everything = dataclasses.replace(source, holdout=1.0)
-    mix = build_mixture({"qa": everything}, {"qa": 1.0}, tok, seq_len, "eos", split="eval")
+    mix = eval_mixture({"qa": everything}, {"qa": 1.0}, tok, seq_len, "eos")
     n = 0
     while mix.next_block() is not None:
         n += seq_len

@@ -4,6 +4,7 @@ too-long sequences cut or dropped per `FormatSpec.too_long`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
@@ -22,13 +23,6 @@ def _keep_reply(ids: list[int], labels: list[int], seq_len: int, stats: FormatSt
         return ids, labels
     stats.truncated += 1
     return ids[:1] + ids[1 + cut:], labels[:1] + labels[1 + cut:]
-
-
-def tokenize_preference(prompt: list[dict], chosen: list[dict], rejected: list[dict], encoder: ChatEncoder,
-                        spec: FormatSpec, seq_len: int, stats: FormatStats, where: str = "") -> dict | None:
-    """chosen_/rejected_ input_ids and labels (labels on the reply only); None if either is dropped."""
-    prepared = [encoder.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
-    return _pair(encoder.encode_prepared(prepared, _pair_limit(spec, seq_len)), spec, seq_len, stats)
 
 
 def _pair_limit(spec: FormatSpec, seq_len: int) -> int | None:
@@ -50,19 +44,33 @@ def _pair(encoded: list[tuple[list[int], list[int]]], spec: FormatSpec, seq_len:
 
 
 # ------------------------------------------------------------------------------------ streaming
-def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, prepare, finish,
-             encoder: ChatEncoder, limit: int | None, on_error: str, max_errors: int, chunk: int = 64):
-    """Rows -> examples, `chunk` rows at a time: each row's conversations rendered (a bad record raises
-    or is counted), then all of them tokenized in one batch, then finished in order."""
+@dataclass(frozen=True)
+class OnError:
+    """What a bad record does: `fail` the read, or `skip` it, counted (more than max_errors still fail)."""
+
+    action: str = "fail"
+    max_errors: int = 100
+
+
+CHUNK = 64  # rows rendered, then tokenized in one batch
+
+
+def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: FormatStats, steps: tuple,
+             encoder: ChatEncoder, limit: int | None, on_error: OnError):
+    """Rows -> examples, CHUNK rows at a time: each row's conversations rendered (`steps[0]`: a bad
+    record raises or is counted), then all of them tokenized in one batch, then finished in order
+    (`steps[1]`)."""
+    prepare, finish = steps
+    max_errors = on_error.max_errors
     rows = iter(rows)
-    while batch := list(islice(rows, chunk)):
+    while batch := list(islice(rows, CHUNK)):
         ready = []
         for _record, where, row in batch:
             stats.records += 1
             try:
                 ready.append(prepare(row, where))
             except RecordError as e:
-                if on_error == "fail":
+                if on_error.action == "fail":
                     raise
                 stats.skipped_errors += 1
                 if len(stats.errors) < 5:
@@ -80,23 +88,24 @@ def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: Form
 
 
 def sft_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                 source_name: str, stats: FormatStats, on_error: str = "fail", max_errors: int = 100) -> Iterator[dict]:
+                 source_name: str, stats: FormatStats, on_error: OnError = OnError()) -> Iterator[dict]:
     """Stream {'input_ids', 'labels'} from (record number, 'file:line N', row) triples. A bad record
-    raises, or with on_error 'skip' is counted (more than `max_errors` still raise)."""
+    raises, or with on_error skip is counted."""
     enc = ChatEncoder(tokenizer, spec)
-    return _records(rows, source_name, stats, lambda row, where: [enc.prepare(to_messages(row, spec, where), where)],
-                    lambda done: fit_to_length(*done[0], seq_len, spec.too_long, stats), enc, seq_len + 1, on_error, max_errors)
+    steps = (lambda row, where: [enc.prepare(to_messages(row, spec, where), where)],
+             lambda done: fit_to_length(*done[0], seq_len, spec.too_long, stats))
+    return _records(rows, source_name, stats, steps, enc, seq_len + 1, on_error)
 
 
 def preference_examples(rows: Iterable[tuple[int, str, Any]], tokenizer, spec: FormatSpec, seq_len: int,
-                        source_name: str, stats: FormatStats, on_error: str = "fail",
-                        max_errors: int = 100) -> Iterator[dict]:
-    """Stream tokenized preference pairs (see tokenize_preference)."""
+                        source_name: str, stats: FormatStats, on_error: OnError = OnError()) -> Iterator[dict]:
+    """Stream tokenized preference pairs: chosen_/rejected_ input_ids and labels (labels on the reply
+    only); a pair either of whose sequences is dropped is left out."""
     enc = ChatEncoder(tokenizer, spec)
 
     def prepare(row, where):
         prompt, chosen, rejected = to_preference(row, spec, where)
         return [enc.prepare(prompt + reply, where, len(prompt)) for reply in (chosen, rejected)]
 
-    return _records(rows, source_name, stats, prepare, lambda done: _pair(done, spec, seq_len, stats), enc,
-                    _pair_limit(spec, seq_len), on_error, max_errors)
+    return _records(rows, source_name, stats, (prepare, lambda done: _pair(done, spec, seq_len, stats)), enc,
+                    _pair_limit(spec, seq_len), on_error)

@@ -186,24 +186,30 @@ class MixedBlocks:
             s.load_state_dict(state["streams"][k])
 
 
-def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
-                  separator: str, split: str = "train",
-                  max_repeats: int | None = None, on_exhausted: str = "fail") -> MixedBlocks:
-    """Training mixtures repeat exhausted sources (up to `max_repeats`, then `on_exhausted`);
-    evaluation mixtures stop when data runs out."""
+def _mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int, separator: str,
+             split: str, repeats: tuple[int | None, str] = (None, "fail")) -> MixedBlocks:
     train = split == "train"
-    streams = {
-        name: TokenStream(sources[name], tokenizer, separator, split, repeat=train,
-                          max_repeats=max_repeats)
-        for name in weights
-    }
-    return MixedBlocks(streams, weights, seq_len, on_exhausted)
+    streams = {name: TokenStream(sources[name], tokenizer, separator, split, repeat=train, max_repeats=repeats[0])
+               for name in weights}
+    return MixedBlocks(streams, weights, seq_len, repeats[1])
+
+
+def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
+                  separator: str, max_repeats: int | None = None, on_exhausted: str = "fail") -> MixedBlocks:
+    """A training mixture: exhausted sources repeat (up to `max_repeats`, then `on_exhausted`)."""
+    return _mixture(sources, weights, tokenizer, seq_len, separator, "train", (max_repeats, on_exhausted))
+
+
+def eval_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
+                 separator: str) -> MixedBlocks:
+    """An evaluation mixture of the held-out split: it stops when the data runs out."""
+    return _mixture(sources, weights, tokenizer, seq_len, separator, "eval")
 
 
 def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
                 separator: str, max_blocks: int) -> torch.Tensor | None:
     """A fixed held-out set: up to `max_blocks` blocks from each source's held-out documents."""
-    mix = build_mixture(sources, weights, tokenizer, seq_len, separator, split="eval")
+    mix = eval_mixture(sources, weights, tokenizer, seq_len, separator)
     blocks = []
     while len(blocks) < max_blocks and (block := mix.next_block()) is not None:
         blocks.append(block)

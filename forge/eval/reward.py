@@ -5,11 +5,14 @@ in the chat template, forge.lm.generation.generate) and the recipe's reward func
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from forge.data.formats import ChatEncoder, FormatSpec
 from forge.errors import ForgeError
-from forge.lm.generation import generate
+from forge.lm.generation import Sampling, generate
 from forge.lm.rewards import Reward, RewardError, unique_labels
 
 
@@ -18,11 +21,21 @@ def load_rewards(specs: list, root=None) -> list[Reward]:
     return [Reward(spec, root) for spec in specs]
 
 
-def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: list[Reward], max_new_tokens: int,
-                device, batch_size: int = 8, temperature: float | None = None, samples: int = 1,
-                seed: int = 0, where: str = "eval.reward") -> dict[str, float]:
-    """Generate `samples` completions per row's prompt (greedy when temperature is None) and score
-    them with every reward source; the figures are means over all completions."""
+@dataclass(frozen=True)
+class RewardRun:
+    """How held-out prompts are completed for the mean reward (the recipe's eval.reward block)."""
+
+    prompt_field: str
+    sampling: Sampling
+    device: Any
+    batch_size: int = 8
+    seed: int = 0  # sampled completions: the same draws for every model compared
+
+
+def mean_reward(model, tokenizer, rows: list[dict], rewards: list[Reward], run: RewardRun,
+                where: str = "eval.reward") -> dict[str, float]:
+    """Generate `run.sampling.n` completions per row's prompt (greedy unless a temperature is set) and
+    score them with every reward source; the figures are means over all completions."""
     if not rows:
         raise ForgeError(f"{where}: no prompts to complete")
     if not rewards:
@@ -33,14 +46,14 @@ def mean_reward(model, tokenizer, rows: list[dict], prompt_field: str, rewards: 
     weighted, count = 0.0, 0
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
-        torch.manual_seed(seed)  # sampled: the same draws for every model compared
-        for batch, i in enumerate(range(0, len(rows), batch_size)):
-            chunk = rows[i:i + batch_size]
-            messages = [[{"role": "user", "content": r[prompt_field]}] for r in chunk]
-            texts = generate(model, tokenizer, encoder, messages, max_new_tokens, device, sample=temperature is not None,
-                             num_return_sequences=samples, temperature=temperature or 1.0)
-            prompts = [r[prompt_field] for r in chunk for _ in range(samples)]
-            fields = {k: [r.get(k) for r in chunk for _ in range(samples)] for k in chunk[0] if k != prompt_field}
+        torch.manual_seed(run.seed)
+        field, n = run.prompt_field, run.sampling.n
+        for batch, i in enumerate(range(0, len(rows), run.batch_size)):
+            chunk = rows[i:i + run.batch_size]
+            messages = [[{"role": "user", "content": r[field]}] for r in chunk]
+            texts = generate(model, tokenizer, encoder, messages, run.sampling, run.device)
+            prompts = [r[field] for r in chunk for _ in range(n)]
+            fields = {k: [r.get(k) for r in chunk for _ in range(n)] for k in chunk[0] if k != field}
             for reward, name in zip(rewards, names):
                 try:
                     scores = reward(prompts, texts, fields, batch)

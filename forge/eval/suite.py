@@ -15,7 +15,8 @@ from forge.errors import ForgeError
 from forge.kinds import row
 from forge.eval import evaluators as E
 from forge.lm.perplexity import source_blocks
-from forge.eval.reward import load_rewards, mean_reward
+from forge.eval.reward import RewardRun, load_rewards, mean_reward
+from forge.lm.generation import Sampling
 from forge.recipe.eval import EvalBlock
 
 SCHEMA = "forge.eval/1"
@@ -204,8 +205,9 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
             m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
         if prompts is not None and fits(label, "reward"):
             rw = suite.reward
-            m.update(mean_reward(model, tok, prompts, rw.prompt_field, rewards, rw.max_new_tokens, device,
-                                 suite.batch_size, rw.temperature, rw.samples, rw.seed, f"eval.reward on {label}"))
+            run = RewardRun(rw.prompt_field, Sampling(rw.max_new_tokens, rw.temperature, rw.samples), device,
+                            suite.batch_size, rw.seed)
+            m.update(mean_reward(model, tok, prompts, rewards, run, f"eval.reward on {label}"))
         for spec, fn in customs:
             if fits(label, spec):
                 m.update(E.run_custom(spec, fn, model, tok, sources, device))

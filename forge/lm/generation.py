@@ -10,6 +10,7 @@ tensors the GRPO loss needs.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 
@@ -132,19 +133,26 @@ def completion_batch(prompts: list[list[int]], completions: list[list[int]], gro
     return t(rows), t(masks), t(cmasks), width
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn: greedy when `temperature` is None, else sampled at it; `n` per prompt."""
+
+    max_new_tokens: int
+    temperature: float | None = None
+    n: int = 1
+
+
 @torch.no_grad()
-def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], max_new_tokens: int, device,
-             sample: bool = False, num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
-    """Completions of chat prompts (greedy unless `sample`, then at `temperature`), decoded without
-    special tokens; with num_return_sequences the completions of one prompt are consecutive."""
+def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], sampling: Sampling, device) -> list[str]:
+    """Completions of chat prompts, decoded without special tokens; the `sampling.n` completions of
+    one prompt are consecutive."""
     texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return generate_ids(model, tokenizer, ids, max_new_tokens, device, sample, num_return_sequences, temperature)
+    return generate_ids(model, tokenizer, ids, sampling, device)
 
 
 @torch.no_grad()
-def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, device, sample: bool = False,
-                 num_return_sequences: int = 1, temperature: float = 1.0) -> list[str]:
+def generate_ids(model, tokenizer, ids: list[list[int]], sampling: Sampling, device) -> list[str]:
     """Completions of already tokenized prompts (see generate)."""
     was_training = model.training
     model.eval()
@@ -152,9 +160,9 @@ def generate_ids(model, tokenizer, ids: list[list[int]], max_new_tokens: int, de
     pad = pad_token_id(tokenizer)
     batch = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
-    out = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
-                         **({"temperature": temperature} if sample else {}),
-                         num_return_sequences=num_return_sequences, pad_token_id=pad,
-                         eos_token_id=tokenizer.eos_token_id)
+    sample = sampling.temperature is not None
+    out = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=sample,
+                         **({"temperature": sampling.temperature} if sample else {}),
+                         num_return_sequences=sampling.n, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
     model.train(was_training)
     return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)

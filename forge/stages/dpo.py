@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from forge.data.examples import preference_examples
+from forge.data.examples import OnError, preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe.settings import DpoStage
@@ -78,7 +78,7 @@ def load_pairs(stage: DpoStage, sources: dict, tokenizer, held_out: bool) -> tup
         spec = chat_spec(sources[name], f"stage {stage.name}")
         stats = FormatStats()
         pairs += list(preference_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len,
-                                          name, stats, sources[name].on_error, sources[name].max_errors))
+                                          name, stats, OnError(sources[name].on_error, sources[name].max_errors)))
         counts[name] = stats
     return pairs, counts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from forge.lm.generation import generate_ids
+from forge.lm.generation import Sampling, generate_ids
 from forge.train.losses import IGNORE
 
 
@@ -36,7 +36,7 @@ def log_dpo_samples(tracker, step: int, model, tokenizer, pairs: list[dict], rew
         chosen.append(tokenizer.decode(reply, skip_special_tokens=True))
         rejected.append(tokenizer.decode(_split(p["rejected_input_ids"], p["rejected_labels"])[1],
                                          skip_special_tokens=True))
-    completions = generate_ids(model, tokenizer, prompts, max_new_tokens, model.device)
+    completions = generate_ids(model, tokenizer, prompts, Sampling(max_new_tokens), model.device)
     texts = tokenizer.batch_decode(prompts, skip_special_tokens=True)
     log_samples(tracker, step, [[{"content": t}] for t in texts], completions,
                 {"chosen": chosen, "rejected": rejected, "reward_chosen": rewards[:, 0].tolist(),

@@ -13,11 +13,11 @@ import math
 
 import torch
 
-from forge.data.examples import sft_examples
+from forge.data.examples import OnError, sft_examples
 from forge.data.formats import ChatEncoder, FormatStats, resolve_chat_template, to_messages
 from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
-from forge.lm.generation import generate
+from forge.lm.generation import Sampling, generate
 from forge.recipe.settings import SftStage
 from forge.stages.post_data import chat_spec, split_rows
 from forge.stages.result import StageInputs, StageResult
@@ -87,7 +87,7 @@ def load_examples(stage: SftStage, sources: dict, tokenizer, held_out: bool) -> 
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
         stats = FormatStats()
         examples += list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
-                                      sources[name].on_error, sources[name].max_errors))
+                                      OnError(sources[name].on_error, sources[name].max_errors)))
         counts[name] = stats
         if template is None:
             template = resolve_chat_template(tokenizer, spec)[0]
@@ -129,7 +129,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     def samples(step: int) -> None:
         if prompts and s.is_main:
             log_samples(tracker, step, prompts,
-                        generate(s.unwrapped(), tok, encoder, prompts, stage.samples.max_new_tokens, s.device))
+                        generate(s.unwrapped(), tok, encoder, prompts, Sampling(stage.samples.max_new_tokens), s.device))
 
     sizes = {"train_examples": len(train), "heldout_examples": len(held)}
     task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],

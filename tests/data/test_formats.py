@@ -9,7 +9,7 @@ from itertools import islice
 
 import pytest
 
-from forge.data.examples import preference_examples, sft_examples
+from forge.data.examples import OnError, preference_examples, sft_examples
 from forge.data.formats import (
     DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, to_messages, to_preference, tokenize_sft,
 )
@@ -247,12 +247,12 @@ def test_skip_counts_bad_records_and_the_cap_raises(tmp_path, tok):
     path = tmp_path / "sft.jsonl"
     path.write_text("\n".join([GOOD] + [b[0] for b in BAD[:4]] + [GOOD, GOOD]) + "\n")
     stats = FormatStats()
-    kept = list(sft_examples(read_rows(path), tok, FormatSpec("messages"), 128, "sft", stats, on_error="skip"))
+    kept = list(sft_examples(read_rows(path), tok, FormatSpec("messages"), 128, "sft", stats, OnError("skip")))
     assert len(kept) == 3 and stats.skipped_errors == 4 and stats.records == 7
     assert stats.errors[0].startswith(f"{path}:line 2: malformed JSON")
     with pytest.raises(ForgeError, match=r"more than 3 bad records.*line 2.*last: .*line 5"):
         list(sft_examples(read_rows(path), tok, FormatSpec("messages"), 128, "sft", FormatStats(),
-                          on_error="skip", max_errors=3))
+                          OnError("skip", 3)))
 
 
 def test_spec_rejects_unknown_fields_and_roles():
