@@ -20,7 +20,7 @@ from forge.plan import workloads as W
 from forge.plan.flops import training_flops_per_token
 from forge.plan.hardware import PACKAGE_CATALOG, deep_merge, get_system, read_yaml, resolve_name
 from forge.plan.model import load_model_config, spec_from_config
-from forge.plan.stage_plan import plan_unbanded
+from forge.plan.stage_plan import Goal, Setup, plan_unbanded
 
 ANCHORS_FILE = Path(__file__).with_name("anchors.yaml")
 UNITS = ("tokens_per_s_per_chip", "sequences_per_s", "tflops_per_chip")
@@ -101,8 +101,8 @@ def replay(anchor: dict, catalog: dict | None = None) -> Replay:
     fpt = training_flops_per_token(spec_from_config(config), anchor["seq_len"])
     wl = W.pretrain(anchor["name"], anchor["seq_len"], anchor["global_batch"], steps=1,
                     precision=anchor["precision"])
-    plan = plan_unbanded(config, wl, anchor["target"], anchor["chips"], catalog=catalog, stack=anchor["stack"],
-                      layout=dict(anchor.get("layout") or {}))
+    plan = plan_unbanded(config, wl, anchor["target"], Goal(chips=anchor["chips"]),
+                         Setup(stack=anchor["stack"], layout=dict(anchor.get("layout") or {})), catalog)
     published_s = published_step_seconds(anchor, fpt)
     unit = anchor["published"]["unit"]
     if not plan.feasible:

@@ -26,7 +26,7 @@ from forge.plan import workloads as W
 from forge.plan.calibrate import calibrate
 from forge.plan.hardware import get_system, known_targets, load_catalog, parse_targets
 from forge.plan.model import load_model_config
-from forge.plan.planner import compare, model_summary
+from forge.plan.planner import Goal, Setup, compare, model_summary
 from forge.plan.report import format_table, plot_plans, to_json
 from forge.plan.stacks import get_stack, known_stacks
 
@@ -188,15 +188,14 @@ def run(args) -> int:
         targets = parse_targets(args.target or "local")
         if args.chips:
             targets = [(t, args.chips) for t, _ in targets]
-        plans = compare(config, _workload(args), targets, deadline_h=args.deadline, budget_usd=args.budget,
-                        mfu=args.mfu, catalog=catalog, stack=stack)
+        plans = compare(config, _workload(args), targets, Goal(deadline_h=args.deadline, budget_usd=args.budget),
+                        Setup(stack=stack, mfu=args.mfu), catalog)
     elif getattr(args, "recipe", None):
         from forge.plan.recipe_plan import plan_recipe
         from forge.recipe import load_recipe
 
-        plans = plan_recipe(load_recipe(args.recipe), target=args.target, chips=args.chips,
-                            deadline_h=args.deadline, budget_usd=args.budget, mfu=args.mfu,
-                            precision=args.precision, catalog=catalog, stack=stack)
+        plans = plan_recipe(load_recipe(args.recipe), args.target, Goal(args.chips, args.deadline, args.budget),
+                            Setup(stack=stack, mfu=args.mfu), args.precision, catalog)
     else:
         raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")
     _refuse_absurd(plans)

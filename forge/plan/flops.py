@@ -17,6 +17,8 @@ recomputation adds hardware FLOPs, not model FLOPs (Korthikanti et al. 2022, Sec
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from forge.plan.model import ModelSpec, count_parameters
 
 ATTENTION_MODES = ("causal", "dense")
@@ -66,23 +68,37 @@ def recompute_flops_per_token(s: ModelSpec, seq_len: int, recompute: str, mode: 
     return 0.0
 
 
-def megatron_num_floating_point_operations(
-    batch_size: int, seq_length: int, num_layers: int, hidden_size: int, num_attention_heads: int,
-    num_query_groups: int, kv_channels: int, ffn_hidden_size: int, padded_vocab_size: int,
-    swiglu: bool = True, moe_router_topk: int = 1,
-) -> float:
-    """Megatron-LM megatron/training/training.py `num_floating_point_operations`, transcribed
-    (dense attention halved for causality; no router term). Used to check our general form."""
-    query_projection_size = kv_channels * num_attention_heads
+@dataclass(frozen=True)
+class MegatronArgs:
+    """The fields of Megatron-LM's `args` that `num_floating_point_operations` reads, by their names."""
+
+    seq_length: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    ffn_hidden_size: int
+    padded_vocab_size: int
+    swiglu: bool = True
+    moe_router_topk: int = 1
+
+
+def megatron_num_floating_point_operations(args: MegatronArgs, batch_size: int) -> float:
+    """Megatron-LM megatron/training/training.py `num_floating_point_operations(args, batch_size)`,
+    transcribed (dense attention halved for causality; no router term). Used to check our general form."""
+    seq_length, num_layers, hidden_size = args.seq_length, args.num_layers, args.hidden_size
+    num_attention_heads, num_query_groups = args.num_attention_heads, args.num_query_groups
+    query_projection_size = args.kv_channels * num_attention_heads
     ratio = query_projection_size / hidden_size
-    gated = 3 / 2 if swiglu else 1
+    gated = 3 / 2 if args.swiglu else 1
     expansion_factor = 3 * 2 * 2
     return (
         expansion_factor * batch_size * seq_length * num_layers * hidden_size * hidden_size
         * (
             (1 + num_query_groups / num_attention_heads + seq_length / hidden_size / 2) * ratio
-            + (ffn_hidden_size / hidden_size) * moe_router_topk * gated
-            + padded_vocab_size / (2 * num_layers * hidden_size)
+            + (args.ffn_hidden_size / hidden_size) * args.moe_router_topk * gated
+            + args.padded_vocab_size / (2 * num_layers * hidden_size)
         )
     )
 

@@ -22,7 +22,7 @@ interleaved 1F1B schedule keeps (1 + (p-1)/(p*v)) times the 1F1B activations on 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forge.plan.model import ModelSpec, ParamCount
 from forge.plan.parallel import Layout
@@ -66,10 +66,12 @@ def params_per_chip(pc: ParamCount, layers: int, tp: int = 1, pp: int = 1) -> fl
 
 
 def layer_activation_bytes(
-    s: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = True,
-    recompute: str = "none", flash: bool = True, act_bytes: int = 2,
+    s: ModelSpec, layout: Layout, seq_len: int, flash: bool = True, act_bytes: int = 2,
 ) -> float:
-    """Activation bytes one block keeps for backward, for one micro-batch, on one tp rank."""
+    """Activation bytes one block keeps for backward, for one micro-batch, on one tp rank.
+    Reads the layout's micro_batch, tp, sp and recompute; seq_len is the tokens of a sequence on one
+    rank (activation_bytes divides it by cp first)."""
+    micro_batch, tp, sp, recompute = layout.micro_batch, layout.tp, layout.sp, layout.recompute
     h, q, kv, f = s.hidden, s.q_dim, s.kv_dim, s.ffn
     mask = 1 if s.dropout else 0              # dropout masks are 1 byte per element
     rep_div = tp if sp else 1                 # sequence parallel shards the "replicated" part too
@@ -106,10 +108,10 @@ def activation_bytes(
     v = max(1, layout.vp)
     seq_len = math.ceil(seq_len / max(1, layout.cp))   # context parallel: s/cp tokens per rank
     rep_div = t if layout.sp else 1
-    per_layer = layer_activation_bytes(s, seq_len, b, t, layout.sp, layout.recompute, flash, act_bytes)
+    per_layer = layer_activation_bytes(s, layout, seq_len, flash, act_bytes)
     working = 0.0
     if layout.recompute in ("full", "selective"):   # one block is rematerialised at a time in backward
-        working = layer_activation_bytes(s, seq_len, b, t, layout.sp, "none", flash, act_bytes)
+        working = layer_activation_bytes(s, replace(layout, recompute="none"), seq_len, flash, act_bytes)
     blocks = math.ceil(s.layers / p)
     embed_out = seq_len * b * s.hidden * act_bytes / rep_div
     logits = seq_len * b * s.vocab * (act_bytes + 4) / t

@@ -106,31 +106,57 @@ class StepTime:
     optimizer: float = 0.0  # the optimizer update (memory bound, after the last backward)
 
 
-def step_time(
-    spec: ModelSpec, system: System, layout: Layout, seq_len: int, hw_flops_per_seq: float,
-    sustained_flops: float, param_bytes_per_chip: float, grad_bytes_per_chip: float, act_bytes: int = 2,
-    overhead_s: float = 0.0, *, stack: Stack = BARE, attn_flops_per_seq: float = 0.0,
-    attn_flops_rate: float | None = None, optimizer_s: float = 0.0, wide_flops_rate: float | None = None,
-) -> StepTime:
-    """Time of one optimizer step.
+@dataclass(frozen=True)
+class Work:
+    """One sequence of a step: seq_len tokens, hw_flops hardware FLOPs to process it (training,
+    recompute, frozen forwards), of which attn_flops are flash-attention score/context matmuls;
+    activations of act_bytes per element."""
 
-    hw_flops_per_seq: hardware FLOPs to process one sequence (training, recompute, frozen forwards),
-    of which attn_flops_per_seq are flash-attention score/context matmuls run at attn_flops_rate.
-    sustained_flops: the chip's achieved GEMM FLOP/s. param_bytes_per_chip / grad_bytes_per_chip:
-    the tp*pp shard of weights and gradients, before ZeRO. optimizer_s: the update's time.
-    wide_flops_rate: the chip's 16-bit GEMM rate; the stack's non-matmul time is a fraction of the
-    work at that rate, because elementwise kernels do not speed up with FP8 matmuls.
+    seq_len: int
+    hw_flops: float
+    attn_flops: float = 0.0
+    act_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The tp*pp shard of the model on one chip: bytes of its weights and gradients before ZeRO, and
+    the seconds its optimizer update takes."""
+
+    param_bytes: float
+    grad_bytes: float
+    optimizer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the chip achieves: gemm FLOP/s on matmuls, attn FLOP/s on flash attention (None: gemm),
+    wide its 16-bit GEMM rate (None: gemm); overhead_s a fixed cost per step (calibrated locally)."""
+
+    gemm: float
+    attn: float | None = None
+    wide: float | None = None
+    overhead_s: float = 0.0
+
+
+def step_time(
+    spec: ModelSpec, system: System, layout: Layout, work: Work, shard: Shard, rates: Rates, stack: Stack = BARE,
+) -> StepTime:
+    """Time of one optimizer step under `layout`: `work` per sequence, `shard` the weights and
+    gradients the data-parallel collectives move and the update's time, `rates` what the chip
+    achieves. The stack's non-matmul time is a fraction of the work at the 16-bit GEMM rate
+    (rates.wide), because elementwise kernels do not speed up with FP8 matmuls.
     """
     t, p, d, m, b = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.micro_batch
     c, v = layout.cp, max(1, layout.vp)
     split = t * c * p                      # one micro-batch's work is split over tp*cp*pp chips
-    attn_rate = attn_flops_rate or sustained_flops
-    gemm_s = (hw_flops_per_seq - attn_flops_per_seq) * b / split / sustained_flops
-    attn_s = attn_flops_per_seq * b / split / attn_rate
+    attn_rate = rates.attn or rates.gemm
+    gemm_s = (work.hw_flops - work.attn_flops) * b / split / rates.gemm
+    attn_s = work.attn_flops * b / split / attn_rate
     # the stack's non-matmul kernels scale with the matmul work; selective recomputation (of the
     # elementwise ops, flash attention keeping no scores) repeats their forward third
     non_matmul = stack.non_matmul_overhead * (4 / 3 if layout.recompute == "selective" else 1.0)
-    wide_s = hw_flops_per_seq * b / split / (wide_flops_rate or sustained_flops)
+    wide_s = work.hw_flops * b / split / (rates.wide or rates.gemm)
     tau_compute = gemm_s + attn_s + non_matmul * wide_s
     blocks = math.ceil(spec.layers / p)
     tau_tp = 0.0
@@ -139,7 +165,7 @@ def step_time(
         # s*b*h activation forward, as many backward (Korthikanti et al. 2022, Sec. 4.2.2);
         # full recomputation repeats the forward ones. The stack hides tp_overlap of it.
         per_layer = 8 + (4 if layout.recompute == "full" else 0)
-        n = seq_len / c * b * spec.hidden * act_bytes
+        n = work.seq_len / c * b * spec.hidden * work.act_bytes
         coll = ring_allgather_time(n, t, system.hop_latency(t), system.ring_bandwidth(t))
         tau_tp = blocks * per_layer * coll * (1 - stack.tp_overlap)
     tau_cp = 0.0
@@ -147,7 +173,7 @@ def step_time(
         # ring attention (Liu et al. 2023; Megatron-Core context parallel): per block the K,V chunk
         # of s/c tokens travels c-1 hops forward, K,V and their gradients backward (3x); each hop
         # overlaps with the attention of the chunk in hand, so cp_overlap of that compute hides it
-        chunk = 2 * seq_len / c * b * spec.kv_dim / t * act_bytes
+        chunk = 2 * work.seq_len / c * b * spec.kv_dim / t * work.act_bytes
         span = t * c
         hop = p2p_time(chunk, system.hop_latency(span), system.ring_bandwidth(span))
         ring = blocks * 3 * (c - 1) * hop
@@ -160,7 +186,7 @@ def step_time(
         # activations (scattered over tp with sequence parallel) cross each stage boundary forward
         # and backward; only the fill and drain sends are on the critical path of 1F1B, and the
         # interleaved schedule passes p*v chunk boundaries instead of p.
-        n = seq_len / c * b * spec.hidden * act_bytes / t
+        n = work.seq_len / c * b * spec.hidden * work.act_bytes / t
         span = layout.chips
         pp_comm = 2 * (p * v - 1) * p2p_time(n, system.hop_latency(span), system.ring_bandwidth(span))
     dp_comm = 0.0
@@ -172,17 +198,17 @@ def step_time(
         if layout.zero == 3:
             # FSDP / ZeRO-3: all-gather weights for forward and again for backward, reduce-scatter
             # gradients, every micro-batch; prefetch overlaps them with that micro-batch's compute.
-            per_mb = 2 * ring_allgather_time(param_bytes_per_chip, g, alpha, beta) + ring_reduce_scatter_time(
-                grad_bytes_per_chip, g, alpha, beta)
+            per_mb = 2 * ring_allgather_time(shard.param_bytes, g, alpha, beta) + ring_reduce_scatter_time(
+                shard.grad_bytes, g, alpha, beta)
             dp_comm = m * max(0.0, per_mb - window)
         elif layout.zero in (1, 2):
             # ZeRO-1/2 (distributed optimizer): gradient reduce-scatter under the last backward (2/3
             # of a micro-batch), updated-parameter all-gather under the next forward (1/3)
-            rs = ring_reduce_scatter_time(grad_bytes_per_chip, g, alpha, beta)
-            ag = ring_allgather_time(param_bytes_per_chip, g, alpha, beta)
+            rs = ring_reduce_scatter_time(shard.grad_bytes, g, alpha, beta)
+            ag = ring_allgather_time(shard.param_bytes, g, alpha, beta)
             dp_comm = max(0.0, rs - 2 / 3 * window) + max(0.0, ag - 1 / 3 * window)
         else:
             # DDP: one all-reduce, bucketed under the backward of the last micro-batch (2/3 of it)
-            dp_comm = max(0.0, ring_allreduce_time(grad_bytes_per_chip, g, alpha, beta) - 2 / 3 * window)
-    total = compute + tp_comm + cp_comm + bubble + pp_comm + dp_comm + optimizer_s + overhead_s
-    return StepTime(compute, tp_comm, bubble, pp_comm, dp_comm, total, overhead_s, cp_comm, optimizer_s)
+            dp_comm = max(0.0, ring_allreduce_time(shard.grad_bytes, g, alpha, beta) - 2 / 3 * window)
+    total = compute + tp_comm + cp_comm + bubble + pp_comm + dp_comm + shard.optimizer_s + rates.overhead_s
+    return StepTime(compute, tp_comm, bubble, pp_comm, dp_comm, total, rates.overhead_s, cp_comm, shard.optimizer_s)

@@ -3,51 +3,51 @@ count, and what the run costs in hours, dollars and energy, with the error band 
 runs give; or a clear reason it cannot run. Comparisons across targets and model summaries."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from forge.errors import ForgeError
 from forge.plan.anchors import band_for
 from forge.plan.flops import training_flops_per_token
 from forge.plan.hardware import get_system, load_catalog
 from forge.plan.model import ModelSpec, count_parameters
-from forge.plan.stage_plan import StagePlan, as_spec, infeasible_plan, plan_unbanded
+from forge.plan.stage_plan import Goal, Setup, StagePlan, as_spec, infeasible_plan, plan_unbanded
 from forge.plan.workloads import Workload
 
-__all__ = ["StagePlan", "compare", "model_summary", "plan_stage", "total_training_flops"]
+__all__ = ["Goal", "Setup", "StagePlan", "compare", "model_summary", "plan_stage", "total_training_flops"]
 
 
 def plan_stage(
-    model: dict | ModelSpec, workload: Workload, target: str = "local", chips: int | None = None,
-    deadline_h: float | None = None, budget_usd: float | None = None, mfu: float | None = None,
-    catalog: dict | None = None, flash: bool = True, stack: str | None = None, layout: dict | None = None,
-    band: bool = True,
+    model: dict | ModelSpec, workload: Workload, target: str = "local", goal: Goal = Goal(),
+    setup: Setup = Setup(), catalog: dict | None = None, band: bool = True,
 ) -> StagePlan:
     """Plan `workload` for `model` (config dict or ModelSpec) on `target`.
 
-    chips: plan at exactly this many; else meet deadline_h / budget_usd if given; else the
+    goal: plan at exactly goal.chips; else meet goal.deadline_h / goal.budget_usd if given; else the
     target's default size (one UltraServer, one node), raised to the fewest chips that fit.
-    stack: the training stack (stacks.yaml; default: the target's). layout: dimensions to pin
-    (tp, cp, pp, vp, dp, zero, recompute, micro_batch), as a published run states them.
-    band: attach the error band derived from the anchors (anchors.py).
+    setup: the training stack (stacks.yaml; default: the target's), layout dimensions to pin
+    (tp, cp, pp, vp, dp, zero, recompute, micro_batch) as a published run states them, an mfu
+    override, flash attention. band: attach the error band derived from the anchors (anchors.py).
     """
     catalog = catalog if catalog is not None else load_catalog()
-    plan = plan_unbanded(model, workload, target, chips, deadline_h, budget_usd, mfu, catalog, flash, stack, layout)
+    plan = plan_unbanded(model, workload, target, goal, setup, catalog)
     if band:
         plan.error_band, plan.band_basis = band_for(plan.stack, get_system(target, catalog), plan.chips)
     return plan
 
 
 def compare(model: dict | ModelSpec, workload: Workload, targets: list[tuple[str, int | None]],
-            **kwargs) -> list[StagePlan]:
-    """The same stage on several (target, chips) pairs, side by side. A target that cannot run the
-    workload at all (e.g. a precision its chip lacks) is marked infeasible; the rest are planned.
-    An unknown target name is still an error: it is a typo, not a finding."""
-    catalog = kwargs.get("catalog")
+            goal: Goal = Goal(), setup: Setup = Setup(), catalog: dict | None = None, band: bool = True,
+            ) -> list[StagePlan]:
+    """The same stage on several (target, chips) pairs, side by side (each pair's chips stand for
+    goal.chips). A target that cannot run the workload at all (e.g. a precision its chip lacks) is
+    marked infeasible; the rest are planned. An unknown target name is still an error: it is a
+    typo, not a finding."""
     catalog = catalog if catalog is not None else load_catalog()
-    kwargs["catalog"] = catalog
     plans = []
     for t, c in targets:
         system = get_system(t, catalog)
         try:
-            plans.append(plan_stage(model, workload, target=t, chips=c, **kwargs))
+            plans.append(plan_stage(model, workload, t, replace(goal, chips=c), setup, catalog, band))
         except ForgeError as exc:
             plans.append(infeasible_plan(model, workload, system, c, str(exc)))
     return plans

@@ -5,12 +5,14 @@ stages that do not train (a soup) have no workload and no plan.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from forge.errors import ForgeError
 from forge.kinds import row
 from forge.plan import workloads as W
 from forge.plan.hardware import load_catalog, parse_targets
 from forge.plan.model import load_model_config
-from forge.plan.planner import StagePlan, compare
+from forge.plan.planner import Goal, Setup, StagePlan, compare
 
 
 def recipe_model_config(recipe) -> dict:
@@ -34,11 +36,12 @@ def stage_workload(stage, dp_world: int = 1, precision: str | None = None) -> W.
     return build.from_stage(stage, dp_world, precision) if build is not None else None
 
 
-def plan_recipe(recipe, target: str | None = None, chips: int | None = None, deadline_h: float | None = None,
-                budget_usd: float | None = None, mfu: float | None = None, precision: str | None = None,
-                catalog: dict | None = None, stack: str | None = None) -> list[StagePlan]:
+def plan_recipe(recipe, target: str | None = None, goal: Goal = Goal(), setup: Setup = Setup(),
+                precision: str | None = None, catalog: dict | None = None) -> list[StagePlan]:
     """Plan every training stage of `recipe` on `target` (default: recipe.compute.target; a comma
-    list 'trn3,trn2,h100:64' compares several). Returns one StagePlan per (stage, target)."""
+    list 'trn3,trn2,h100:64' compares several). goal.chips, else a target's own count, else the
+    recipe's compute.chips on its own target; setup.stack, else the recipe's compute.stack.
+    Returns one StagePlan per (stage, target)."""
     compute = getattr(recipe, "compute", None)
     own_target = getattr(compute, "target", None) or "local"
     own_chips = getattr(compute, "chips", None)
@@ -46,13 +49,13 @@ def plan_recipe(recipe, target: str | None = None, chips: int | None = None, dea
     catalog = catalog if catalog is not None else load_catalog((calibration,) if calibration else ())
     config = recipe_model_config(recipe)
     targets = parse_targets(target or own_target)
+    setup = replace(setup, stack=setup.stack or getattr(compute, "stack", None))
     plans = []
     for stage in recipe.stages:
         wl = stage_workload(stage, own_chips or 1, precision)
         if wl is None:
             continue
         for name, per_target_chips in targets:
-            n = chips or per_target_chips or (own_chips if name == own_target else None)
-            plans += compare(config, wl, [(name, n)], deadline_h=deadline_h, budget_usd=budget_usd, mfu=mfu,
-                             catalog=catalog, stack=stack or getattr(compute, "stack", None))
+            n = goal.chips or per_target_chips or (own_chips if name == own_target else None)
+            plans += compare(config, wl, [(name, n)], goal, setup, catalog)
     return plans

@@ -14,7 +14,7 @@ from forge.plan.flops import (decode_flops_per_token, forward_flops_per_token, l
 from forge.plan.hardware import System
 from forge.plan.memory import STATE_BYTES, Memory, act_bytes_for, memory_per_chip, params_per_chip
 from forge.plan.model import ModelSpec, ParamCount, count_parameters
-from forge.plan.parallel import ADAM_BYTES_PER_PARAM, Layout, StepTime, step_time
+from forge.plan.parallel import ADAM_BYTES_PER_PARAM, Layout, Rates, Shard, StepTime, Work, step_time
 from forge.plan.stacks import Stack, get_stack
 from forge.plan.workloads import Workload
 
@@ -172,13 +172,14 @@ def evaluate(ctx: Context, layout: Layout) -> Evaluated | None:
                           ctx.workload.frozen_copies)
     if mem.total > ctx.system.usable_bytes:
         return None
-    shard = params_per_chip(ctx.pc, ctx.spec.layers, layout.tp, layout.pp)
+    params = params_per_chip(ctx.pc, ctx.spec.layers, layout.tp, layout.pp)
     w, g, _ = STATE_BYTES[ctx.precision]
     kw = {} if ctx.stack is None else {"stack": ctx.stack}
-    st = step_time(ctx.spec, ctx.system, layout, ctx.workload.seq_len, hw_flops_per_seq(ctx, layout.recompute),
-                   ctx.sustained, shard * w, shard * g, act_bytes_for(ctx.precision), ctx.overhead_s,
-                   attn_flops_per_seq=attn_flops_per_seq(ctx, layout.recompute), attn_flops_rate=ctx.attn_rate,
-                   optimizer_s=optimizer_seconds(ctx, layout), wide_flops_rate=ctx.wide_rate, **kw)
+    work = Work(ctx.workload.seq_len, hw_flops_per_seq(ctx, layout.recompute),
+                attn_flops_per_seq(ctx, layout.recompute), act_bytes_for(ctx.precision))
+    shard = Shard(params * w, params * g, optimizer_seconds(ctx, layout))
+    rates = Rates(ctx.sustained, ctx.attn_rate, ctx.wide_rate, ctx.overhead_s)
+    st = step_time(ctx.spec, ctx.system, layout, work, shard, rates, **kw)
     # the global batch is a hyper-parameter: fixed; slots beyond it (dp*mb*m > batch) sit idle
     return Evaluated(layout, mem, st, st.total / ctx.workload.global_batch)
 

@@ -66,25 +66,42 @@ def as_spec(model: dict | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else spec_from_config(model)
 
 
-def plan_unbanded(
-    model: dict | ModelSpec, workload: Workload, target: str = "local", chips: int | None = None,
-    deadline_h: float | None = None, budget_usd: float | None = None, mfu: float | None = None,
-    catalog: dict | None = None, flash: bool = True, stack: str | None = None, layout: dict | None = None,
-) -> StagePlan:
-    """Plan `workload` for `model` (config dict or ModelSpec) on `target`, without an error band
-    (forge.plan.planner.plan_stage attaches the band the anchors give; the anchors replay with this).
+@dataclass(frozen=True)
+class Goal:
+    """How many chips to plan on: exactly `chips`; else the fewest that finish within deadline_h
+    hours and/or budget_usd dollars; else (all None) the target's default size, raised to the
+    fewest chips that fit."""
 
-    chips: plan at exactly this many; else meet deadline_h / budget_usd if given; else the
-    target's default size (one UltraServer, one node), raised to the fewest chips that fit.
-    stack: the training stack (stacks.yaml; default: the target's). layout: dimensions to pin
-    (tp, cp, pp, vp, dp, zero, recompute, micro_batch), as a published run states them.
-    """
+    chips: int | None = None
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How the stage runs: the training stack (stacks.yaml; None: the target's), layout dimensions
+    to pin (tp, cp, pp, vp, dp, zero, recompute, micro_batch) as a published run states them, an
+    override of the chip's matmul efficiency (mfu), and flash attention."""
+
+    stack: str | None = None
+    layout: dict | None = None
+    mfu: float | None = None
+    flash: bool = True
+
+
+def plan_unbanded(
+    model: dict | ModelSpec, workload: Workload, target: str = "local", goal: Goal = Goal(),
+    setup: Setup = Setup(), catalog: dict | None = None,
+) -> StagePlan:
+    """Plan `workload` for `model` (config dict or ModelSpec) on `target`, at the chip count `goal`
+    asks for, run as `setup` says, without an error band (forge.plan.planner.plan_stage attaches
+    the band the anchors give; the anchors replay with this)."""
     spec = as_spec(model)
     system = get_system(target, catalog if catalog is not None else load_catalog())
-    ctx = search.Context.build(spec, workload, system, mfu, flash, stack)
-    min_fit = search.min_chips_to_fit(ctx) if layout is None else None
+    ctx = search.Context.build(spec, workload, system, setup.mfu, setup.flash, setup.stack)
+    min_fit = search.min_chips_to_fit(ctx) if setup.layout is None else None
     notes = list(workload.notes) + _catalog_notes(system, ctx, spec)
-    n, best, why = _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes, layout)
+    n, best, why = _choose_chips(ctx, goal, min_fit, notes, setup.layout)
     plan = _shell(spec, workload, system, ctx, n, min_fit, notes)
     if best is None:
         plan.feasible = False
@@ -93,10 +110,9 @@ def plan_unbanded(
     return _fill(plan, ctx, best, n)
 
 
-def _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes,
-                  layout=None) -> tuple[int, "search.Evaluated | None", str]:
+def _choose_chips(ctx, goal: Goal, min_fit, notes, layout=None) -> tuple[int, "search.Evaluated | None", str]:
     """(chip count, its best layout or None, reason it cannot run or "")."""
-    system = ctx.system
+    system, chips = ctx.system, goal.chips
     if chips is not None:
         if chips > system.max_chips:
             return chips, None, f"{system.name} allows at most {system.max_chips} chip(s); {chips} requested."
@@ -105,8 +121,8 @@ def _choose_chips(ctx, chips, deadline_h, budget_usd, min_fit, notes,
             return chips, None, (f"the layout {layout} does not fit (or does not divide {chips} chips) "
                                  f"on {system.name} with the {ctx.stack.key} stack")
         return chips, best, ""
-    if deadline_h is not None or budget_usd is not None:
-        n, why = search.chips_for_goal(ctx, min_fit, deadline_h, budget_usd)
+    if goal.deadline_h is not None or goal.budget_usd is not None:
+        n, why = search.chips_for_goal(ctx, min_fit, goal.deadline_h, goal.budget_usd)
         return n, None if why else search.best_layout(ctx, n), why
     n = system.default_chips
     if min_fit is not None and min_fit > n:

@@ -35,6 +35,23 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Examples:
+    """How SFT examples fill the sequences: packed into full blocks, or each padded to seq_len, with
+    a mean length of mean_len tokens (None: seq_len/2 assumed)."""
+
+    packed: bool = True
+    mean_len: float | None = None
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """DPO preference data: `count` pairs, seen `epochs` times."""
+
+    count: float
+    epochs: int = 1
+
+
+@dataclass(frozen=True)
 class Workload:
     kind: str
     name: str
@@ -80,13 +97,13 @@ def pretrain(name: str, seq_len: int, global_batch: int, tokens: float | None = 
 
 
 def sft(name: str, seq_len: int, global_batch: int, tokens: float | None = None, steps: int | None = None,
-        precision: str = "bf16", packed: bool = True, mean_example_len: float | None = None) -> Workload:
+        precision: str = "bf16", examples: Examples = Examples()) -> Workload:
     """SFT. `tokens` are real (unpadded) tokens; unpacked examples are padded to seq_len, so the
-    model processes tokens * seq_len / mean_example_len of them."""
+    model processes tokens * seq_len / examples.mean_len of them."""
     notes: tuple[str, ...] = ()
-    if tokens and not packed:
-        mean = mean_example_len or seq_len / 2
-        if not mean_example_len:
+    if tokens and not examples.packed:
+        mean = examples.mean_len or seq_len / 2
+        if not examples.mean_len:
             notes = (f"unpacked SFT: assumed mean example length {mean:.0f} (seq_len/2); padding included",)
         processed = tokens * seq_len / min(mean, seq_len)
         n = _steps(processed, steps, global_batch * seq_len, f"stage {name!r}")
@@ -97,16 +114,17 @@ def sft(name: str, seq_len: int, global_batch: int, tokens: float | None = None,
     return Workload("sft", name, seq_len, global_batch, n, tokens, n * global_batch * seq_len, precision, notes=notes)
 
 
-def dpo(name: str, seq_len: int, pairs_per_step: int, pairs: float | None = None, steps: int | None = None,
-        precision: str = "bf16", cached_reference: bool = True, epochs: int = 1) -> Workload:
+def dpo(name: str, seq_len: int, pairs_per_step: int, pairs: Pairs | None = None, steps: int | None = None,
+        precision: str = "bf16", cached_reference: bool = True) -> Workload:
     """DPO (Rafailov et al. 2023): the policy runs forward+backward on chosen and rejected; the
     frozen reference runs forward on both, every step, or once up front when its log-probs are
-    cached (then it need not stay in memory)."""
+    cached (then it need not stay in memory). Without `pairs`, `steps` says how long it runs."""
+    count, epochs = (pairs.count, pairs.epochs) if pairs is not None else (None, 1)
     batch = 2 * pairs_per_step
-    total_pairs = pairs * epochs if pairs else None
+    total_pairs = count * epochs if count else None
     n = _steps(total_pairs, steps, pairs_per_step, f"stage {name!r}")
     processed = n * batch * seq_len
-    unique_seqs = 2 * (pairs if pairs else n * pairs_per_step / max(epochs, 1))
+    unique_seqs = 2 * (count if count else n * pairs_per_step / max(epochs, 1))
     return Workload(
         "dpo", name, seq_len, batch, n, processed, processed, precision,
         frozen_forwards=0.0 if cached_reference else 1.0, frozen_copies=0 if cached_reference else 1,
@@ -114,17 +132,15 @@ def dpo(name: str, seq_len: int, pairs_per_step: int, pairs: float | None = None
     )
 
 
-def rft(name: str, prompt_len: int, gen_len: int, prompts_per_step: int, group: int, steps: int,
-        precision: str = "bf16", reward_model: bool = False) -> Workload:
-    """GRPO-style RL fine-tuning (Shao et al. 2024): each step generates `group` completions per
+def rft(name: str, gen: Generation, steps: int, precision: str = "bf16", reward_model: bool = False) -> Workload:
+    """GRPO-style RL fine-tuning (Shao et al. 2024): each step generates `gen.group` completions per
     prompt, scores them with the frozen reference (for the KL term) and the reward (a reward model
     costs one more forward; reward functions cost nothing here), then updates the policy once on
     the prompt+completion sequences."""
-    gen = Generation(prompts_per_step, group, prompt_len, gen_len)
-    seq = prompt_len + gen_len
+    seq = gen.prompt_len + gen.gen_len
     frozen = 1 + (1 if reward_model else 0)
     return Workload(
-        "rft", name, seq, gen.sequences, steps, steps * gen.sequences * gen_len,
+        "rft", name, seq, gen.sequences, steps, steps * gen.sequences * gen.gen_len,
         steps * gen.sequences * seq, precision, frozen_forwards=float(frozen), frozen_copies=frozen,
         generation=gen,
         notes=("rollouts run on the same chips as training, with training states offloaded meanwhile; "
@@ -158,12 +174,12 @@ def _lm_args(kind: str, args, batch: int, precision: str) -> Workload:
 
 def _sft_stage(stage, dp_world: int, precision: str | None) -> Workload:
     return sft(stage.name, stage.seq_len, _batch(stage, dp_world), stage.max_tokens, stage.max_steps,
-               precision or stage.precision, packed=stage.packing == "best_fit")
+               precision or stage.precision, Examples(packed=stage.packing == "best_fit"))
 
 
 def _sft_args(kind: str, args, batch: int, precision: str) -> Workload:
-    return sft(kind, args.seq_len, batch, args.tokens, args.steps, precision, packed=not args.unpacked,
-               mean_example_len=args.mean_example_len)
+    return sft(kind, args.seq_len, batch, args.tokens, args.steps, precision,
+               Examples(packed=not args.unpacked, mean_len=args.mean_example_len))
 
 
 def _dpo_stage(stage, dp_world: int, precision: str | None) -> Workload:
@@ -172,13 +188,13 @@ def _dpo_stage(stage, dp_world: int, precision: str | None) -> Workload:
 
 
 def _dpo_args(kind: str, args, batch: int, precision: str) -> Workload:
-    pairs = args.tokens / (2 * args.seq_len) if args.tokens else None
+    pairs = Pairs(args.tokens / (2 * args.seq_len)) if args.tokens else None
     return dpo(kind, args.seq_len, batch, pairs, args.steps, precision, cached_reference=not args.no_cached_reference)
 
 
 def _rft_stage(stage, dp_world: int, precision: str | None) -> Workload:
-    return rft(stage.name, stage.seq_len, stage.max_new_tokens, _batch(stage, dp_world), stage.group,
-               stage.total_steps(max(1, dp_world)), precision or stage.precision)
+    gen = Generation(_batch(stage, dp_world), stage.group, stage.seq_len, stage.max_new_tokens)
+    return rft(stage.name, gen, stage.total_steps(max(1, dp_world)), precision or stage.precision)
 
 
 def _rft_args(kind: str, args, batch: int, precision: str) -> Workload:
@@ -187,7 +203,7 @@ def _rft_args(kind: str, args, batch: int, precision: str) -> Workload:
     steps = args.steps or (int(args.tokens // (batch * args.group * (seq - prompt))) if args.tokens else None)
     if not steps:
         raise ForgeError(f"{kind} planning needs --steps (or --tokens of generated text)")
-    return rft(kind, prompt, seq - prompt, batch, args.group, max(1, steps), precision, args.reward_model)
+    return rft(kind, Generation(batch, args.group, prompt, seq - prompt), max(1, steps), precision, args.reward_model)
 
 
 LM = Builder(_lm_stage, _lm_args)     # causal-LM over packed blocks, every token trained (pretrain, midtrain)

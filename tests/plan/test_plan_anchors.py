@@ -9,7 +9,7 @@ from forge.plan import workloads as W
 from forge.plan.anchors import (BAND_FLOOR, BAND_PROJECTION, BAND_SCALE, BAND_UNANCHORED_CHIP, UNITS, error_band,
                                 load_anchors, published_step_seconds, replay_all)
 from forge.plan.model import load_model_config
-from forge.plan.planner import plan_stage
+from forge.plan.planner import Goal, plan_stage
 from forge.plan.report import band_range, format_table
 
 
@@ -69,7 +69,7 @@ def test_plans_carry_the_band_and_trainium3_says_it_is_a_projection():
     cfg = load_model_config("llama-3.1-8b")
     wl = W.pretrain("cpt", 8192, 512, tokens=1e10)
     trn3 = plan_stage(cfg, wl, "trn3")
-    trn1 = plan_stage(cfg, wl, "trn1", chips=512)
+    trn1 = plan_stage(cfg, wl, "trn1", Goal(chips=512))
     trn4 = plan_stage(cfg, wl, "trn4")
     assert "projection" in trn3.band_basis and "Trainium3" in trn3.band_basis
     assert trn3.error_band >= BAND_UNANCHORED_CHIP

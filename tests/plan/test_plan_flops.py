@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from forge.plan.flops import (attention_span, forward_flops_per_token, megatron_num_floating_point_operations,
-                              palm_flops_per_token, training_flops_per_token)
+from forge.plan.flops import (MegatronArgs, attention_span, forward_flops_per_token,
+                              megatron_num_floating_point_operations, palm_flops_per_token, training_flops_per_token)
 from forge.plan.model import spec_from_config
 from plan_fixtures import ARCHS, LLAMA_31_8B, VOCAB, tiny_model
 
@@ -41,8 +41,8 @@ def test_general_form_equals_megatron_num_floating_point_operations():
     batch, seq = 4, 8192
     ours = training_flops_per_token(spec, seq, mode="causal") * batch * seq
     megatron = megatron_num_floating_point_operations(
-        batch, seq, spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn, spec.vocab,
-        swiglu=True)
+        MegatronArgs(seq, spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn, spec.vocab,
+                     swiglu=True), batch)
     assert ours == pytest.approx(megatron, rel=1e-12)
 
 

@@ -12,7 +12,7 @@ from forge.plan import command
 from forge.plan import workloads as W
 from forge.plan.hardware import PACKAGE_CATALOG, get_system, load_catalog
 from forge.plan.model import load_model_config
-from forge.plan.planner import compare, plan_stage
+from forge.plan.planner import Goal, Setup, compare, plan_stage
 from forge.plan.stacks import get_stack, known_stacks
 from plan_fixtures import LLAMA_31_8B
 
@@ -53,16 +53,16 @@ def test_bad_input_is_refused_in_one_line(extra, message, capsys):
 def test_deadline_and_budget_pick_the_cheapest_plan_that_meets_the_deadline():
     cfg = load_model_config("llama-3.1-70b")
     wl = W.pretrain("cpt", 4096, 512, tokens=5e9)
-    deadline_only = plan_stage(cfg, wl, "h100", deadline_h=200)
-    both = plan_stage(cfg, wl, "h100", deadline_h=200, budget_usd=20_000)
+    deadline_only = plan_stage(cfg, wl, "h100", Goal(deadline_h=200))
+    both = plan_stage(cfg, wl, "h100", Goal(deadline_h=200, budget_usd=20_000))
     assert deadline_only.feasible and both.feasible and both.hours <= 200
     # the deadline alone takes the fewest chips; with a budget the cheapest plan in time wins
     assert both.chips > deadline_only.chips and both.cost_usd < deadline_only.cost_usd
     for n in (16, 24, 32, 48):
-        other = plan_stage(cfg, wl, "h100", chips=n, band=False)
+        other = plan_stage(cfg, wl, "h100", Goal(chips=n), band=False)
         if other.feasible and other.hours <= 200:
             assert both.cost_usd <= other.cost_usd * (1 + 1e-9)
-    short = plan_stage(cfg, wl, "h100", deadline_h=200, budget_usd=5_000)
+    short = plan_stage(cfg, wl, "h100", Goal(deadline_h=200, budget_usd=5_000))
     assert not short.feasible and "cannot both be met" in short.reason and "cheapest plan that meets" in short.reason
 
 
@@ -146,8 +146,8 @@ def test_every_target_has_a_known_default_stack_and_each_stack_says_where_it_com
 def test_stack_choice_changes_the_plan_and_is_recorded():
     cfg = load_model_config("llama-3.1-8b")
     wl = W.pretrain("cpt", 8192, 128, tokens=1e9)
-    fsdp = plan_stage(cfg, wl, "h100", chips=8)
-    mega = plan_stage(cfg, wl, "h100", chips=8, stack="megatron")
+    fsdp = plan_stage(cfg, wl, "h100", Goal(chips=8))
+    mega = plan_stage(cfg, wl, "h100", Goal(chips=8), Setup(stack="megatron"))
     assert fsdp.stack == "fsdp" and mega.stack == "megatron"
     assert mega.step_time_s < fsdp.step_time_s                     # fused kernels, less non-matmul time
     assert "zero3" in fsdp.layout and "zero3" not in mega.layout   # each stack's ZeRO options

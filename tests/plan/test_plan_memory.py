@@ -9,7 +9,8 @@ from forge.plan.hardware import get_system
 from forge.plan.memory import (activation_bytes, layer_activation_bytes, memory_per_chip, model_state_bytes,
                                params_per_chip)
 from forge.plan.model import count_parameters, load_model_config, spec_from_config
-from forge.plan.parallel import Layout, pipeline_bubble_fraction, ring_allgather_time, ring_allreduce_time, step_time
+from forge.plan.parallel import (Layout, Rates, Shard, Work, pipeline_bubble_fraction, ring_allgather_time,
+                                 ring_allreduce_time, step_time)
 from plan_fixtures import LLAMA_31_8B, VOCAB, tiny_model
 
 
@@ -70,19 +71,22 @@ def test_korthikanti_activation_closed_forms(t):
     sbh = s * b * h
     kw = dict(flash=False, act_bytes=2)
     # Eq. 4 (tensor + sequence parallel): sbh/t * (34 + 5as/h)
-    assert layer_activation_bytes(g, s, b, t, sp=True, **kw) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert layer_activation_bytes(g, Layout(tp=t, micro_batch=b, sp=True), s, **kw) == pytest.approx(
+        sbh / t * (34 + 5 * a * s / h))
     # Eq. 2 (tensor parallel only): sbh * (10 + 24/t + 5as/(ht))
     no_sp = sbh * (10 + 24 / t + 5 * a * s / (h * t))
-    assert layer_activation_bytes(g, s, b, t, sp=False, **kw) == pytest.approx(no_sp)
+    assert layer_activation_bytes(g, Layout(tp=t, micro_batch=b, sp=False), s, **kw) == pytest.approx(no_sp)
     # selective recomputation: sbh * 34/t; full recomputation: 2sbh/t
-    assert layer_activation_bytes(g, s, b, t, sp=True, recompute="selective", **kw) == pytest.approx(34 * sbh / t)
-    assert layer_activation_bytes(g, s, b, t, sp=True, recompute="full", **kw) == pytest.approx(2 * sbh / t)
+    assert layer_activation_bytes(g, Layout(tp=t, micro_batch=b, recompute="selective"), s, **kw) == pytest.approx(
+        34 * sbh / t)
+    assert layer_activation_bytes(g, Layout(tp=t, micro_batch=b, recompute="full"), s, **kw) == pytest.approx(
+        2 * sbh / t)
 
 
 def test_first_pipeline_stage_holds_p_microbatches_in_flight():
     g = _gpt(dropout=False)
     seq = 1024
-    per_layer = layer_activation_bytes(g, seq, 1, 1, True, "none", True, 2)
+    per_layer = layer_activation_bytes(g, Layout(), seq, True, 2)
     embedding_output = seq * g.hidden * 2
     # 1F1B: with m >= p the first of 4 stages keeps 4 micro-batches of its 24/4 = 6 blocks
     many = activation_bytes(g, Layout(pp=4, microbatches=16), seq)
@@ -114,7 +118,7 @@ def test_pipeline_bubble(p, m):
     assert pipeline_bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
     spec = spec_from_config(LLAMA_31_8B)
     system = get_system("trn2-ultraserver")
-    st = step_time(spec, system, Layout(pp=p, microbatches=m), 4096, 1e15, 1e14, 0.0, 0.0)
+    st = step_time(spec, system, Layout(pp=p, microbatches=m), Work(4096, 1e15), Shard(0.0, 0.0), Rates(1e14))
     assert st.pp_bubble / (st.compute + st.pp_bubble) == pytest.approx((p - 1) / (m + p - 1))
     assert st.compute == pytest.approx(m * 1e15 / p / 1e14)
 
@@ -122,7 +126,7 @@ def test_pipeline_bubble(p, m):
 def test_more_tensor_parallel_means_more_exposed_communication():
     spec = spec_from_config(LLAMA_31_8B)
     system = get_system("p5.48xlarge")
-    t2 = step_time(spec, system, Layout(tp=2), 4096, 1e15, 1e14, 1e9, 1e9)
-    t8 = step_time(spec, system, Layout(tp=8), 4096, 1e15, 1e14, 1e9, 1e9)
+    t2 = step_time(spec, system, Layout(tp=2), Work(4096, 1e15), Shard(1e9, 1e9), Rates(1e14))
+    t8 = step_time(spec, system, Layout(tp=8), Work(4096, 1e15), Shard(1e9, 1e9), Rates(1e14))
     assert 0 < t2.tp_comm and math.isfinite(t8.tp_comm)
     assert t8.compute < t2.compute

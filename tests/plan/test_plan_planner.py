@@ -7,7 +7,7 @@ from forge.plan import workloads as W
 from forge.plan.flops import training_flops_per_token
 from forge.plan.hardware import get_system
 from forge.plan.model import load_model_config, spec_from_config
-from forge.plan.planner import compare, plan_stage
+from forge.plan.planner import Goal, Setup, compare, plan_stage
 from forge.plan.report import assert_plans_fit
 
 L8B = load_model_config("llama-3.1-8b")
@@ -40,7 +40,7 @@ def test_trn3_ultraserver_beats_trn2_ultraserver_and_h100_in_time():
 
 
 def test_70b_does_not_fit_one_h100_node_and_says_from_how_many_chips():
-    plan = plan_stage(L70B, W.pretrain("cpt", 4096, 256, tokens=1e9), "h100", chips=8)
+    plan = plan_stage(L70B, W.pretrain("cpt", 4096, 256, tokens=1e9), "h100", Goal(chips=8))
     assert not plan.feasible
     assert plan.min_chips_fit > 8
     assert "does not fit on 8 x NVIDIA H100" in plan.reason and f"fits from {plan.min_chips_fit} chips" in plan.reason
@@ -50,47 +50,47 @@ def test_70b_does_not_fit_one_h100_node_and_says_from_how_many_chips():
 
 def test_activations_that_exceed_hbm_at_any_tensor_parallel_degree_are_explained():
     long = W.pretrain("long", 2**21, 4, tokens=1e10)
-    plan = plan_stage(L8B, long, "trn2.48xlarge", chips=16)
+    plan = plan_stage(L8B, long, "trn2.48xlarge", Goal(chips=16))
     assert not plan.feasible
     assert "Activations alone exceed HBM at sequence length 2097152" in plan.reason
     assert "tensor parallel 16" in plan.reason and "more chips do not help" in plan.reason
 
 
 def test_deadline_picks_the_fewest_chips_that_meet_it():
-    loose = plan_stage(L8B, CPT, "h100", deadline_h=200)
-    tight = plan_stage(L8B, CPT, "h100", deadline_h=30)
+    loose = plan_stage(L8B, CPT, "h100", Goal(deadline_h=200))
+    tight = plan_stage(L8B, CPT, "h100", Goal(deadline_h=30))
     assert loose.feasible and tight.feasible
     assert loose.hours <= 200 and tight.hours <= 30 and tight.chips > loose.chips
-    smaller = plan_stage(L8B, CPT, "h100", chips=tight.chips // 2)
+    smaller = plan_stage(L8B, CPT, "h100", Goal(chips=tight.chips // 2))
     assert smaller.hours > 30
 
 
 def test_impossible_deadline_and_budget_say_so():
-    plan = plan_stage(L8B, CPT, "h100", deadline_h=0.5)
+    plan = plan_stage(L8B, CPT, "h100", Goal(deadline_h=0.5))
     assert not plan.feasible and "deadline 0.5 h cannot be met" in plan.reason
-    plan = plan_stage(L8B, CPT, "h100", budget_usd=100)
+    plan = plan_stage(L8B, CPT, "h100", Goal(budget_usd=100))
     assert not plan.feasible and "budget $100 cannot be met" in plan.reason
 
 
 def test_budget_picks_the_fastest_plan_within_it():
-    plan = plan_stage(L8B, CPT, "trn2", budget_usd=20_000)
+    plan = plan_stage(L8B, CPT, "trn2", Goal(budget_usd=20_000))
     assert plan.feasible and plan.cost_usd <= 20_000
 
 
 def test_more_chips_are_not_slower():
-    hours = [plan_stage(L8B, CPT, "trn2.48xlarge", chips=n).hours for n in (16, 32, 64)]
+    hours = [plan_stage(L8B, CPT, "trn2.48xlarge", Goal(chips=n)).hours for n in (16, 32, 64)]
     assert hours[0] > hours[1] > hours[2]
 
 
 def test_mfu_override_scales_compute():
-    slow = plan_stage(L8B, CPT, "trn2", mfu=0.2)
-    fast = plan_stage(L8B, CPT, "trn2", mfu=0.4)
+    slow = plan_stage(L8B, CPT, "trn2", setup=Setup(mfu=0.2))
+    fast = plan_stage(L8B, CPT, "trn2", setup=Setup(mfu=0.4))
     assert slow.hours / fast.hours == pytest.approx(2, rel=0.1)
 
 
 def test_sft_padding_costs_more_than_packing():
     packed = plan_stage(L8B, W.sft("sft", 4096, 64, tokens=1e9), "trn2")
-    padded = plan_stage(L8B, W.sft("sft", 4096, 64, tokens=1e9, packed=False, mean_example_len=1024), "trn2")
+    padded = plan_stage(L8B, W.sft("sft", 4096, 64, tokens=1e9, examples=W.Examples(False, 1024)), "trn2")
     assert padded.tokens_processed == pytest.approx(4 * packed.tokens_processed, rel=0.01)
     assert padded.hours == pytest.approx(4 * packed.hours, rel=0.05)
 
@@ -98,8 +98,8 @@ def test_sft_padding_costs_more_than_packing():
 def test_dpo_cached_reference_is_cheaper_and_leaner():
     # two epochs: policy fwd+bwd (3 forwards) on chosen and rejected each epoch; the reference
     # forward runs every epoch when live (4 per epoch) or once when cached (3 + 3 + 1)
-    cached = plan_stage(L8B, W.dpo("dpo", 2048, 64, pairs=100_000, epochs=2), "trn2")
-    live = plan_stage(L8B, W.dpo("dpo", 2048, 64, pairs=100_000, epochs=2, cached_reference=False), "trn2")
+    cached = plan_stage(L8B, W.dpo("dpo", 2048, 64, pairs=W.Pairs(100_000, epochs=2)), "trn2")
+    live = plan_stage(L8B, W.dpo("dpo", 2048, 64, pairs=W.Pairs(100_000, epochs=2), cached_reference=False), "trn2")
     assert cached.feasible and live.feasible
     assert live.flops_total / cached.flops_total == pytest.approx(8 / 7, rel=0.01)
     assert live.memory_gib["frozen"] > 0 == cached.memory_gib["frozen"]
@@ -107,7 +107,7 @@ def test_dpo_cached_reference_is_cheaper_and_leaner():
 
 
 def test_rft_plan_includes_memory_bound_generation():
-    rl = W.rft("grpo", prompt_len=512, gen_len=1536, prompts_per_step=64, group=8, steps=100)
+    rl = W.rft("grpo", W.Generation(prompts=64, group=8, prompt_len=512, gen_len=1536), steps=100)
     plan = plan_stage(L8B, rl, "trn3")
     assert plan.feasible and plan.generation_s_per_step > 0
     assert plan.step_breakdown_s["generation"] == plan.generation_s_per_step
