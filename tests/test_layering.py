@@ -56,7 +56,7 @@ IMPORT_MAP: dict[str, set[str]] = {
 NO_RECIPE = ("forge.data", "forge.train")  # not even the recipe's settings modules
 
 # `mypy --strict` runs on these folders (add forge/train, forge/stages, ... as they are typed)
-TYPED = ["forge/track"]
+TYPED = ["forge/track", "forge/train", "forge/stages", "forge/lm"]
 
 
 def _modules() -> dict[str, Path]:

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol
 
 import torch
 
 from forge.data.formats import ChatEncoder
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
+from forge.recipe.settings import RftStage
+
+# a transformers model (or a PEFT model over one) and its tokenizer: Any to mypy, as the session holds them
+Model = Any
+Tokenizer = Any
+Device = torch.device | str
 
 
 def vllm_installed() -> bool:
@@ -28,17 +36,24 @@ def cut_at_eos(ids: list[int], eos: int | None) -> list[int]:
     return ids[:ids.index(eos) + 1] if eos is not None and eos in ids else list(ids)
 
 
+class Generator(Protocol):
+    """A rollout generator: `group` completions per prompt, as token ids (see the module doc)."""
+
+    def sync(self, model: Model) -> None: ...
+    def generate(self, model: Model, prompts: list[list[int]]) -> list[list[int]]: ...
+
+
 class HfGenerator:
     """`model.generate` with sampling on the unwrapped policy (left-padded prompts)."""
 
-    def __init__(self, stage, tokenizer, pad_id: int, device):
+    def __init__(self, stage: RftStage, tokenizer: Tokenizer, pad_id: int, device: Device):
         self.stage, self.tok, self.pad, self.device = stage, tokenizer, pad_id, device
 
-    def sync(self, model) -> None:
+    def sync(self, model: Model) -> None:
         """Nothing to do: generation runs on the policy itself."""
 
     @torch.no_grad()
-    def generate(self, model, prompts: list[list[int]]) -> list[list[int]]:
+    def generate(self, model: Model, prompts: list[list[int]]) -> list[list[int]]:
         st, width = self.stage, max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], device=self.device)
@@ -52,7 +67,7 @@ class VllmGenerator:
     """vLLM's offline engine in this process (one per rank, like TRL's colocate mode), started from
     the stage's input checkpoint; `sync(model)` loads the policy's current weights into it."""
 
-    def __init__(self, stage, checkpoint, tokenizer, seed: int):
+    def __init__(self, stage: RftStage, checkpoint: Path, tokenizer: Tokenizer, seed: int):
         if not vllm_installed():  # the recipe check normally catches this first
             raise ForgeError(f"stage {stage.name}: generation: vllm, but vllm is not installed (pip install vllm)")
         import os
@@ -68,7 +83,7 @@ class VllmGenerator:
         self.params = SamplingParams(n=stage.group, temperature=stage.temperature, top_p=stage.top_p,
                                      max_tokens=stage.max_new_tokens)
 
-    def _engine_model(self):
+    def _engine_model(self) -> Any:
         try:  # where TRL's colocate mode finds it (vLLM's in-process executor)
             return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         except AttributeError as e:
@@ -76,14 +91,14 @@ class VllmGenerator:
                              f"weights ({e}); this vLLM version is not supported, use generation: hf") from None
 
     @torch.no_grad()
-    def sync(self, model) -> None:
+    def sync(self, model: Model) -> None:
         """Replace the engine's weights with the policy's (HF names; vLLM's load_weights maps them)."""
         weights = [(name, p.detach()) for name, p in _plain_named_parameters(model)]
         self._engine_model().load_weights(weights)
         if hasattr(self.llm, "reset_prefix_cache"):  # cached prefixes hold the old weights' keys/values
             self.llm.reset_prefix_cache()
 
-    def generate(self, model, prompts: list[list[int]]) -> list[list[int]]:
+    def generate(self, model: Model, prompts: list[list[int]]) -> list[list[int]]:
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], self.params, use_tqdm=False)
         if len(outs) != len(prompts) or any(len(o.outputs) != self.stage.group for o in outs):
             raise ForgeError(f"stage {self.stage.name}: vLLM returned {len(outs)} results for {len(prompts)} prompts "
@@ -91,7 +106,7 @@ class VllmGenerator:
         return [cut_at_eos(list(c.token_ids), self.tok.eos_token_id) for o in outs for c in o.outputs]
 
 
-def _plain_named_parameters(model):
+def _plain_named_parameters(model: Model) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's parameters under plain Hugging Face names; a PEFT model's LoRA deltas are merged
     into each base weight (W + scale * B @ A), so the engine samples from the policy being trained."""
     if not hasattr(model, "peft_config"):
@@ -102,8 +117,9 @@ def _plain_named_parameters(model):
     inner = model.base_model.model
     for name, module in inner.named_modules():
         if isinstance(module, LoraLayer):
-            base = module.get_base_layer()
-            yield f"{name}.weight", base.weight + module.get_delta_weight("default")
+            layer: Any = module  # the concrete LoRA layers (Linear, Embedding, ...) define get_delta_weight
+            base = layer.get_base_layer()
+            yield f"{name}.weight", base.weight + layer.get_delta_weight("default")
             if base.bias is not None:
                 yield f"{name}.bias", base.bias
     for name, p in inner.named_parameters():
@@ -111,25 +127,30 @@ def _plain_named_parameters(model):
             yield name, p
 
 
-def make_generator(stage, checkpoint, tokenizer, pad_id: int, device, seed: int):
+def make_generator(stage: RftStage, checkpoint: Path, tokenizer: Tokenizer, pad_id: int, device: Device,
+                   seed: int) -> Generator:
     if stage.generation == "vllm":
         return VllmGenerator(stage, checkpoint, tokenizer, seed)
     return HfGenerator(stage, tokenizer, pad_id, device)
 
 
-def completion_batch(prompts: list[list[int]], completions: list[list[int]], group: int, pad_id: int, device
+def completion_batch(prompts: list[list[int]], completions: list[list[int]], group: int, pad_id: int, device: Device
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(sequences, attention mask, completion mask, prompt width): prompts left-padded to one width,
     each repeated `group` times, followed by its completions right-padded."""
     width = max(map(len, prompts))
     span = max(1, max(map(len, completions)))
-    rows, masks, cmasks = [], [], []
+    rows: list[list[int]] = []
+    masks: list[list[int]] = []
+    cmasks: list[list[int]] = []
     for i, comp in enumerate(completions):
         p = prompts[i // group]
         rows.append([pad_id] * (width - len(p)) + p + comp + [pad_id] * (span - len(comp)))
         masks.append([0] * (width - len(p)) + [1] * len(p) + [1] * len(comp) + [0] * (span - len(comp)))
         cmasks.append([1] * len(comp) + [0] * (span - len(comp)))
-    t = lambda x: torch.tensor(x, device=device)  # noqa: E731
+    def t(x: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(x, device=device)
+
     return t(rows), t(masks), t(cmasks), width
 
 
@@ -143,7 +164,8 @@ class Sampling:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], sampling: Sampling, device) -> list[str]:
+def generate(model: Model, tokenizer: Tokenizer, encoder: ChatEncoder, prompts: list[list[dict[str, Any]]],
+             sampling: Sampling, device: Device) -> list[str]:
     """Completions of chat prompts, decoded without special tokens; the `sampling.n` completions of
     one prompt are consecutive."""
     texts = [encoder.render(p, add_generation_prompt=True) for p in prompts]
@@ -152,7 +174,8 @@ def generate(model, tokenizer, encoder: ChatEncoder, prompts: list[list[dict]], 
 
 
 @torch.no_grad()
-def generate_ids(model, tokenizer, ids: list[list[int]], sampling: Sampling, device) -> list[str]:
+def generate_ids(model: Model, tokenizer: Tokenizer, ids: list[list[int]], sampling: Sampling,
+                 device: Device) -> list[str]:
     """Completions of already tokenized prompts (see generate)."""
     was_training = model.training
     model.eval()
@@ -165,4 +188,5 @@ def generate_ids(model, tokenizer, ids: list[list[int]], sampling: Sampling, dev
                          **({"temperature": sampling.temperature} if sample else {}),
                          num_return_sequences=sampling.n, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
     model.train(was_training)
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    texts: list[str] = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return texts

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 
+Device = torch.device | str
+
 
 @torch.no_grad()
-def heldout_sums(model, blocks: torch.Tensor, batch_size: int, device) -> tuple[float, int]:
+def heldout_sums(model: torch.nn.Module, blocks: torch.Tensor, batch_size: int, device: Device) -> tuple[float, int]:
     """(sum of next-token losses, number of predicted tokens) over held-out blocks."""
     was_training = model.training
     model.eval()
@@ -27,13 +30,13 @@ def heldout_sums(model, blocks: torch.Tensor, batch_size: int, device) -> tuple[
     return total, count
 
 
-def heldout_loss(model, blocks: torch.Tensor, batch_size: int, device) -> float:
+def heldout_loss(model: torch.nn.Module, blocks: torch.Tensor, batch_size: int, device: Device) -> float:
     """Mean next-token loss over held-out blocks (every predicted token weighted equally)."""
     total, count = heldout_sums(model, blocks, batch_size, device)
     return total / count
 
 
-def source_blocks(sources: dict, names, tokenizer, seq_len: int, separator: str,
+def source_blocks(sources: dict[str, Any], names: Iterable[str], tokenizer: Any, seq_len: int, separator: str,
                   max_blocks: int) -> dict[str, torch.Tensor]:
     """Up to `max_blocks` held-out blocks of each named source (sources with none are left out)."""
     from forge.data.mixing import eval_blocks
@@ -56,7 +59,8 @@ class SourceLoss:
         return math.exp(min(self.loss, 700.0))  # past ~709 exp overflows; such a model is broken anyway
 
 
-def source_losses(model, blocks: dict[str, torch.Tensor], batch_size: int, device) -> dict[str, SourceLoss]:
+def source_losses(model: torch.nn.Module, blocks: dict[str, torch.Tensor], batch_size: int,
+                  device: Device) -> dict[str, SourceLoss]:
     out = {}
     for name, b in blocks.items():
         total, count = heldout_sums(model, b, batch_size, device)

@@ -22,10 +22,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
+from forge.recipe.settings import RewardSource
 from forge.usercode import load_function
+
+Fields = dict[str, list[Any]]  # the prompt rows' other columns, one list per column
 
 
 class RewardError(ForgeError):
@@ -35,12 +38,12 @@ class RewardError(ForgeError):
 class Reward:
     """One reward source of a stage: call(prompts, completions, fields, batch) -> list[float]."""
 
-    def __init__(self, spec, root: Path | None = None, lambda_client=None):
+    def __init__(self, spec: RewardSource, root: Path | None = None, lambda_client: Any = None):
         self.spec, self.source, self.weight = spec, spec.source, spec.weight
         self.label = reward_label(spec.source)
         self._fn = self._resolve(spec.source, root, lambda_client)
 
-    def _resolve(self, source: str, root: Path | None, lambda_client) -> Callable:
+    def _resolve(self, source: str, root: Path | None, lambda_client: Any) -> Callable[..., object]:
         if source.startswith(("http://", "https://")):
             return self._http
         if source.startswith("lambda:"):
@@ -49,7 +52,7 @@ class Reward:
         return load_function(source, root, "reward")
 
     # ------------------------------------------------------------------------- calling
-    def __call__(self, prompts: list[str], completions: list[str], fields: dict[str, list], batch: int) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], fields: Fields, batch: int) -> list[float]:
         where = f"reward {self.source!r} on batch {batch}"
         try:
             if self._fn in (self._http, self._invoke_lambda):
@@ -64,10 +67,11 @@ class Reward:
             raise RewardError(f"{where}: raised {type(e).__name__}: {e}") from None
         return check_scores(scores, len(completions), where)
 
-    def _python(self, prompts, completions, fields) -> list:
+    # the scores are the source's answer, unchecked (`object`) until check_scores
+    def _python(self, prompts: list[str], completions: list[str], fields: Fields) -> object:
         fn, timeout = self._fn, self.spec.timeout_s
         if inspect.iscoroutinefunction(fn):
-            async def bounded():
+            async def bounded() -> object:
                 return await asyncio.wait_for(fn(prompts, completions, **fields), timeout)
             return asyncio.run(bounded())
         pool = cf.ThreadPoolExecutor(1)  # a hung function cannot be killed: it is left behind, the stage ends
@@ -76,25 +80,26 @@ class Reward:
         finally:
             pool.shutdown(wait=False)
 
-    def _chunks(self, prompts, completions, fields):
+    def _chunks(self, prompts: list[str], completions: list[str], fields: Fields) -> Iterator[dict[str, list[Any]]]:
         n = self.spec.batch_size
         for i in range(0, len(completions), n):
             yield {"prompts": prompts[i:i + n], "completions": completions[i:i + n],
                    **{k: v[i:i + n] for k, v in fields.items()}}
 
-    def _map_chunks(self, call: Callable, prompts, completions, fields) -> list:
+    def _map_chunks(self, call: Callable[[dict[str, list[Any]]], object], prompts: list[str], completions: list[str],
+                    fields: Fields) -> object:
         chunks = list(self._chunks(prompts, completions, fields))
         with cf.ThreadPoolExecutor(self.spec.concurrency) as pool:
             parts = list(pool.map(call, chunks))
-        out = []
+        out: list[object] = []
         for chunk, part in zip(chunks, parts):
             if not isinstance(part, list) or len(part) != len(chunk["completions"]):
                 return part if not isinstance(part, list) else out + part  # check_scores reports it
             out += part
         return out
 
-    def _http(self, prompts, completions, fields, where: str) -> list:
-        def post(chunk: dict) -> list:
+    def _http(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
+        def post(chunk: dict[str, list[Any]]) -> object:
             body = json.dumps(chunk).encode()
             for attempt in range(self.spec.retries + 1):
                 req = urllib.request.Request(self.source, body, {"Content-Type": "application/json"})
@@ -106,13 +111,14 @@ class Reward:
                     if attempt == self.spec.retries:
                         raise RewardError(f"{where}: the endpoint failed after {attempt + 1} attempt(s): {e}") from None
                     time.sleep(min(2.0, 0.2 * 2 ** attempt))
+            raise AssertionError("unreachable: the last attempt returns or raises")
         return self._map_chunks(post, prompts, completions, fields)
 
-    def _invoke_lambda(self, prompts, completions, fields, where: str) -> list:
+    def _invoke_lambda(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
         client = self._lambda or _boto_lambda(self.spec.region)
         name = self.source.removeprefix("lambda:")
 
-        def invoke(chunk: dict) -> list:
+        def invoke(chunk: dict[str, list[Any]]) -> object:
             resp = client.invoke(FunctionName=name, InvocationType="RequestResponse", Payload=json.dumps(chunk).encode())
             payload = json.loads(resp["Payload"].read() or b"null")
             if resp.get("FunctionError"):
@@ -145,7 +151,7 @@ def unique_labels(rewards: list["Reward"]) -> list[str]:
     return out
 
 
-def _boto_lambda(region: str | None):
+def _boto_lambda(region: str | None) -> Any:
     try:
         import boto3
     except ImportError:
@@ -153,12 +159,12 @@ def _boto_lambda(region: str | None):
     return boto3.client("lambda", region_name=region)
 
 
-def check_scores(scores, n: int, where: str) -> list[float]:
+def check_scores(scores: object, n: int, where: str) -> list[float]:
     if not isinstance(scores, (list, tuple)):
         raise RewardError(f"{where}: expected a list of {n} scores, got {type(scores).__name__}")
     if len(scores) != n:
         raise RewardError(f"{where}: returned {len(scores)} scores for {n} completions")
-    out = []
+    out: list[float] = []
     for i, s in enumerate(scores):
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
             raise RewardError(f"{where}: score {i} is {s!r}, not a finite number")

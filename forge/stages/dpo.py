@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,12 +26,16 @@ from forge.stages.post_data import chat_spec, split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_dpo_samples
 from forge.stages.sft import tokens_by_source
+from forge.track.protocol import StageTracker
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import IGNORE, Loss
 from forge.train.preference import dpo_loss, sequence_logps
 from forge.train.session import Session, open_session
 
-def collate_pairs(pairs: list[dict], pad_id: int, ref: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+Pair = dict[str, Any]  # a tokenized preference pair (forge.data.examples.preference_examples)
+
+
+def collate_pairs(pairs: list[Pair], pad_id: int, ref: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One right-padded batch: the chosen rows, then the rejected rows (and their reference log-probs)."""
     rows = [(p["chosen_input_ids"], p["chosen_labels"]) for p in pairs] + \
            [(p["rejected_input_ids"], p["rejected_labels"]) for p in pairs]
@@ -55,7 +60,7 @@ class PairStream:
         return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)).tolist()
 
     def next_indices(self, rank: int = 0, world: int = 1) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < self.batch_size * world:
             if self.pos >= self.n:
                 self.epoch, self.pos, self.order = self.epoch + 1, 0, self._order(self.epoch + 1)
@@ -64,16 +69,18 @@ class PairStream:
             self.pos += k
         return out[rank * self.batch_size:(rank + 1) * self.batch_size]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "pos": self.pos}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.pos = state["epoch"], state["pos"]
         self.order = self._order(self.epoch)
 
 
-def load_pairs(stage: DpoStage, sources: dict, tokenizer, held_out: bool) -> tuple[list[dict], dict]:
-    pairs, counts = [], {}
+def load_pairs(stage: DpoStage, sources: dict[str, Any], tokenizer: Any,
+               held_out: bool) -> tuple[list[Pair], dict[str, FormatStats]]:
+    pairs: list[Pair] = []
+    counts: dict[str, FormatStats] = {}
     for name in stage.data:
         spec = chat_spec(sources[name], f"stage {stage.name}")
         stats = FormatStats()
@@ -83,7 +90,8 @@ def load_pairs(stage: DpoStage, sources: dict, tokenizer, held_out: bool) -> tup
     return pairs, counts
 
 
-def pair_logps(model, batch: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed reply log-probs, reply tokens), each (pairs, 2): column 0 chosen, column 1 rejected."""
     logps, tokens = sequence_logps(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                                    batch["labels"].to(device))
@@ -91,14 +99,16 @@ def pair_logps(model, batch: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def reference_logps(model, pairs: list[dict], batch_size: int, pad_id: int, device) -> torch.Tensor:
+def reference_logps(model: torch.nn.Module, pairs: list[Pair], batch_size: int, pad_id: int,
+                    device: torch.device) -> torch.Tensor:
     model.eval()
     out = [pair_logps(model, collate_pairs(pairs[i:i + batch_size], pad_id), device)[0].float().cpu()
            for i in range(0, len(pairs), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def cached_reference(stage: DpoStage, s: Session, splits: dict[str, list[dict]], out_dir: Path) -> dict[str, torch.Tensor]:
+def cached_reference(stage: DpoStage, s: Session, splits: dict[str, list[Pair]],
+                     out_dir: Path) -> dict[str, torch.Tensor]:
     """The reference's log-probs of every split, from `out_dir/reference_logps.pt` when it matches
     the checkpoint and data, else computed by a reference model that is dropped afterwards."""
     checkpoint = s.place.checkpoint
@@ -109,7 +119,8 @@ def cached_reference(stage: DpoStage, s: Session, splits: dict[str, list[dict]],
     if path.is_file():
         saved = torch.load(path, weights_only=True)
         if saved.get("key") == key:
-            return saved["logps"]
+            cached: dict[str, torch.Tensor] = saved["logps"]
+            return cached
     model, _ = s.checkpoints.load_model(checkpoint)
     model.to(s.device)
     logps = {name: reference_logps(model, pairs, stage.batch_size, s.pad_id, s.device) for name, pairs in splits.items()}
@@ -125,8 +136,10 @@ class Reference:
     """The reference's reply log-probs: cached per split (computed once, before training) or from a
     live copy of the input checkpoint, run on every batch."""
 
-    def __init__(self, stage: DpoStage, s: Session, splits: dict[str, list[dict]]):
-        self.s, self.splits, self.cached, self.live = s, splits, None, None
+    def __init__(self, stage: DpoStage, s: Session, splits: dict[str, list[Pair]]):
+        self.s, self.splits = s, splits
+        self.cached: dict[str, torch.Tensor] | None = None
+        self.live: Any = None  # the reference model (reference: live)
         if stage.reference == "cached":
             with s.accelerator.main_process_first():
                 self.cached = cached_reference(stage, s, splits, s.place.out_dir)
@@ -134,26 +147,27 @@ class Reference:
             self.live, _ = s.checkpoints.load_model(s.place.checkpoint)
             self.live.to(s.device).eval().requires_grad_(False)
 
-    def batch(self, split: str, idx: list[int]) -> dict:
+    def batch(self, split: str, idx: list[int]) -> dict[str, torch.Tensor]:
         """The pairs `idx` of a split, collated, with their cached reference log-probs."""
         pairs = [self.splits[split][i] for i in idx]
         return collate_pairs(pairs, self.s.pad_id, self.cached[split][idx] if self.cached is not None else None)
 
-    def logps(self, batch: dict) -> torch.Tensor:
+    def logps(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.live is None:
             return torch.stack(batch["ref_logps"].chunk(2), dim=1)
         with torch.no_grad():
             return pair_logps(self.live, batch, self.s.device)[0]
 
 
-def preference_loss(stage: DpoStage, reference: Reference, model, batch: dict) -> Loss:
+def preference_loss(stage: DpoStage, reference: Reference, model: torch.nn.Module,
+                    batch: dict[str, torch.Tensor]) -> Loss:
     policy, tokens = pair_logps(model, batch, reference.s.device)
     out = dpo_loss(policy, reference.logps(batch), stage.beta, stage.label_smoothing, stage.loss, tokens)
     return Loss(out.loss, out.stats())
 
 
 @torch.no_grad()
-def heldout_figures(stage: DpoStage, reference: Reference, model) -> dict[str, float]:
+def heldout_figures(stage: DpoStage, reference: Reference, model: torch.nn.Module) -> dict[str, float]:
     """Loss and reward statistics over the held-out pairs (per-pair means, a short last batch too)."""
     was, n = model.training, len(reference.splits["held"])
     model.eval()
@@ -197,7 +211,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
 
 
 @torch.no_grad()
-def _samples(stage: DpoStage, reference: Reference, s: Session, tracker, step: int) -> None:
+def _samples(stage: DpoStage, reference: Reference, s: Session, tracker: StageTracker, step: int) -> None:
     """The sample table of the first held-out pairs (training pairs when none are held out)."""
     split = "held" if reference.splits["held"] else "train"
     idx = list(range(min(stage.samples.prompts, len(reference.splits[split]))))
@@ -213,7 +227,7 @@ def _samples(stage: DpoStage, reference: Reference, s: Session, tracker, step: i
                     stage.samples.max_new_tokens)
 
 
-def _outcome(stage: DpoStage, counts: dict, tokens: int, data: PairStream, sizes: tuple[int, int],
+def _outcome(stage: DpoStage, counts: dict[str, FormatStats], tokens: int, data: PairStream, sizes: tuple[int, int],
              reference: Path) -> Outcome:
     lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "reference": str(reference),
                "reference_mode": stage.reference, **({"lora": stage.lora.model_dump()} if stage.lora else {})}

@@ -3,23 +3,26 @@ with the stage's loss choice) and the training or held-out split of its rows."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from typing import Iterator, Literal
 
 from forge.data.formats import FormatSpec
 from forge.data.mixing import in_holdout
+from forge.data.sources import Source
 from forge.errors import ForgeError
 
+LossOn = Literal["assistant", "all", "last_assistant"]  # FormatSpec.loss_on
 
-def chat_spec(source, where: str, loss_on: str | None = None) -> FormatSpec:
+
+def chat_spec(source: Source, where: str, loss_on: LossOn | None = None) -> FormatSpec:
     """The FormatSpec of a chat source (its `chat:` block), with the stage's loss choice."""
-    spec = getattr(source, "chat", None)
+    spec: FormatSpec | None = getattr(source, "chat", None)
     if spec is None:
         raise ForgeError(f"{where}: data source {source.name!r} holds plain text; give it a chat: mapping "
                          "(kind: messages | instruction | prompt_completion | preference | hh)")
     return replace(spec, loss_on=loss_on) if loss_on else spec
 
 
-def split_rows(source, held_out: bool) -> Iterator[tuple[int, str, object]]:
+def split_rows(source: Source, held_out: bool) -> Iterator[tuple[int, str, object]]:
     """The source's rows in the training split (or the held-out one): the same stable, hash-based
     split the pretraining stages use, so no stage evaluates on what another trained on."""
     for number, where, row in source.rows():

@@ -7,7 +7,7 @@ rate (anneal or WSD) by default.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from forge.data.mixing import MixedBlocks, build_mixture
 from forge.lm.perplexity import loss_metrics, source_blocks, source_losses
@@ -21,14 +21,16 @@ from forge.train.state import TrainState
 
 
 def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
-    ctx = stage.context if isinstance(stage, MidtrainStage) else None
-    configure = (lambda cfg: extend_context(cfg, ctx, stage.context_length(), f"stage {stage.name}")) if ctx else None
+    configure: Callable[[Any], Any] | None = None
+    if isinstance(stage, MidtrainStage) and stage.context:
+        mid, ctx = stage, stage.context
+        configure = lambda cfg: extend_context(cfg, ctx, mid.context_length(), f"stage {mid.name}")  # noqa: E731
     s = open_session(stage, inputs, configure)
     mix = build_mixture(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
                         max_repeats=stage.max_repeats, on_exhausted=stage.on_exhausted)
     # each source's own held-out blocks: the mixed figure is their token-weighted mean
     held_out = source_blocks(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
-                             stage.eval.max_blocks) or None
+                             stage.eval.max_blocks)
 
     def evaluate(step: int) -> dict[str, float]:
         return loss_metrics(source_losses(s.model, held_out, stage.batch_size, s.device))
@@ -36,7 +38,7 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
     task = Task(batches=lambda: [mix.next_batch(stage.batch_size, s.rank, s.world) for _ in range(stage.grad_accum)],
                 loss=causal_lm_loss, data=mix, tokens=lambda batches: sum(b.numel() for b in batches),
                 finish=lambda state: _outcome(stage, mix, state, s.total_steps * stage.tokens_per_step * s.world),
-                evaluate=evaluate if held_out is not None else None,
+                evaluate=evaluate if held_out else None,  # no source has held-out blocks: no evaluation
                 row=lambda out: {**{f"tokens.{k}": v for k, v in mix.taken.items()},
                                  **{f"repeats.{k}": v for k, v in mix.repeats().items()}})
     return fit(s, task, inputs.tracker)
@@ -46,7 +48,7 @@ def _outcome(stage: PretrainStage, mix: MixedBlocks, state: TrainState, block_to
     # real tokens / block tokens: blocks are cut from the joined stream, so nothing is padding
     metrics = {"packing_efficiency": sum(mix.taken.values()) / max(1, block_tokens)}
     repeats = mix.repeats()
-    tags = {}
+    tags: dict[str, str] = {}
     if any(repeats.values()):
         tags["repeats"] = ", ".join(f"{k}={v}" for k, v in repeats.items() if v)
     if mix.rebalanced:

@@ -12,6 +12,8 @@ the rollouts (made before a step, untimed), the GRPO loss, and the reward figure
 """
 from __future__ import annotations
 
+from typing import Any, TypeGuard
+
 import torch
 import torch.nn.functional as F
 
@@ -23,31 +25,33 @@ from forge.recipe.settings import RftStage
 from forge.stages.post_data import split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
+from forge.track.protocol import StageTracker
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import Loss
 from forge.train.session import Session, open_session
 from forge.train.state import TrainState
+from forge.train.step import StepResult
 
 
 class PromptStream:
     """Prompt rows, epoch after epoch in file order; its position is part of the resume state."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[dict[str, Any]]):
         self.rows, self.pos = rows, 0
 
-    def take(self, n: int) -> list[dict]:
+    def take(self, n: int) -> list[dict[str, Any]]:
         out = [self.rows[(self.pos + i) % len(self.rows)] for i in range(n)]
         self.pos += n
         return out
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"pos": self.pos}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pos = state["pos"]
 
 
-def token_logps(model, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+def token_logps(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
     """Log-probs of tokens ids[:, start:] given what precedes them (left-padded rows)."""
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
@@ -65,15 +69,16 @@ class Rollouts:
     """The current rollout: `group` completions of each prompt with their rewards, advantages and
     log-probs (rollout policy and KL reference), made anew every `updates_per_rollout` steps."""
 
-    def __init__(self, stage: RftStage, s: Session, data: PromptStream, rewards: list[Reward], ref, tracker):
+    def __init__(self, stage: RftStage, s: Session, data: PromptStream, rewards: list[Reward],
+                 ref: torch.nn.Module | None, tracker: StageTracker):
         self.stage, self.s, self.data, self.rewards, self.ref, self.tracker = stage, s, data, rewards, ref, tracker
         self.labels = dict(zip((r.source for r in rewards), unique_labels(rewards)))  # metric names, as eval.reward's
         self.encoder = ChatEncoder(s.tokenizer, FormatSpec("prompt_completion"))
         self.generator = make_generator(stage, s.place.checkpoint, s.tokenizer, s.pad_id, s.device, stage.seed + s.rank)
-        self.micro: list[dict] = []   # the loss's micro-batches
-        self.scores: list[dict] = []  # per micro-batch: reward source -> scores, and "total"
-        self.table: dict = {}
-        self.first: list[dict] | None = None
+        self.micro: list[dict[str, torch.Tensor]] = []  # the loss's micro-batches
+        self.scores: list[dict[str, Any]] = []  # per micro-batch: reward source -> scores, and "total"
+        self.table: dict[str, list[Any]] = {}
+        self.first: list[dict[str, Any]] | None = None
 
     def before_step(self, step: int) -> None:
         if (step - 1) % self.stage.updates_per_rollout == 0 or not self.micro:
@@ -118,7 +123,7 @@ class Rollouts:
             log_samples(self.tracker, step, [[{"content": p}] for p in self.table["prompts"][:n]],
                         self.table["completions"][:n], {"reward": self.table["reward"][:n]})
 
-    def row(self, out=None) -> dict[str, float]:
+    def row(self, out: StepResult | None = None) -> dict[str, float]:
         """The rollout's reward figures over every rank's completions, and the mean completion length
         (a collective: the loop calls it on every rank, at the log interval)."""
         figures = reward_figures(self.scores, self.labels, self.s.accelerator)
@@ -136,7 +141,7 @@ class Rollouts:
         return Outcome({**self.row(), "reward_mean_start": start}, {n: state.tokens for n in stage.data[:1]}, lineage)
 
 
-def grpo_loss(stage: RftStage, model, b: dict) -> Loss:
+def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor]) -> Loss:
     """The clipped policy-ratio objective over completion tokens, plus kl_beta x the k3 KL estimate."""
     logp = token_logps(model, b["ids"], b["mask"], int(b["start"]))
     ratio = torch.exp(logp - b["old"])
@@ -175,7 +180,8 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     return fit(s, task, inputs.tracker)
 
 
-def _check_row(row, field: str, where: str) -> bool:
+def _check_row(row: object, field: str, where: str) -> TypeGuard[dict[str, Any]]:
+    """True for a prompt row (a dict with the text field); raises for anything else."""
     if isinstance(row, Exception):
         raise ForgeError(str(row))
     if not isinstance(row, dict) or not isinstance(row.get(field), str):
@@ -183,7 +189,7 @@ def _check_row(row, field: str, where: str) -> bool:
     return True
 
 
-def reward_figures(scores: list[dict], labels: dict[str, str], accelerator) -> dict[str, float]:
+def reward_figures(scores: list[dict[str, Any]], labels: dict[str, str], accelerator: Any) -> dict[str, float]:
     """Mean and std of the weighted reward and of each source's, over every rank's completions."""
     def gathered(values: torch.Tensor) -> torch.Tensor:
         t = values.to(torch.float64)

@@ -4,14 +4,17 @@ replies, the policy's own greedy completion, and the implicit rewards beta * (lo
 of chosen and rejected, with their margin."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from forge.lm.generation import Sampling, generate_ids
+from forge.track.protocol import StageTracker
 from forge.train.losses import IGNORE
 
 
-def log_samples(tracker, step: int, prompts: list[list[dict]], completions: list[str],
-                extra: dict[str, list] | None = None) -> None:
+def log_samples(tracker: StageTracker, step: int, prompts: list[list[dict[str, Any]]], completions: list[str],
+                extra: dict[str, list[Any]] | None = None) -> None:
     """One MLflow table (samples/step-N.json): prompt, completion and any extra columns (rewards)."""
     table = {"step": [step] * len(completions),
              "prompt": [p[-1]["content"] for p in prompts],
@@ -25,11 +28,13 @@ def _split(ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:
     return ids[:first], [t for t, x in zip(ids, labels) if x != IGNORE]
 
 
-def log_dpo_samples(tracker, step: int, model, tokenizer, pairs: list[dict], rewards: torch.Tensor,
-                    max_new_tokens: int) -> None:
+def log_dpo_samples(tracker: StageTracker, step: int, model: Any, tokenizer: Any, pairs: list[dict[str, Any]],
+                    rewards: torch.Tensor, max_new_tokens: int) -> None:
     """Log the table (samples/step-N.json) of DPO sample `pairs`, with their implicit rewards
     (pairs, 2: chosen, rejected) and the policy's greedy completion of each prompt."""
-    prompts, chosen, rejected = [], [], []
+    prompts: list[list[int]] = []
+    chosen: list[str] = []
+    rejected: list[str] = []
     for p in pairs:
         prompt, reply = _split(p["chosen_input_ids"], p["chosen_labels"])
         prompts.append(prompt)

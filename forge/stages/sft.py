@@ -10,6 +10,7 @@ held-out loss as the evaluation, sample generations of held-out prompts. LoRA ad
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -31,14 +32,15 @@ class SftStream:
     """Micro-batches over the examples, epoch after epoch (shuffled by seed and epoch): packed
     blocks or padded batches. Its position (epoch, unit) is part of the resume state."""
 
-    def __init__(self, examples: list[dict], seq_len: int, batch_size: int, packing: str, pad_id: int, seed: int):
+    def __init__(self, examples: list[dict[str, Any]], seq_len: int, batch_size: int, packing: str, pad_id: int,
+                 seed: int):
         self.examples, self.seq_len, self.batch_size = examples, seq_len, batch_size
         self.packing, self.pad_id, self.seed = packing, pad_id, seed
         self.epoch, self.pos, self.units = 0, 0, self._epoch_units(0)
         self.real_tokens = 0  # non-pad tokens handed out (this rank)
         self._counted = 0
 
-    def _epoch_units(self, epoch: int) -> list[dict]:
+    def _epoch_units(self, epoch: int) -> list[dict[str, Any]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.examples), generator=g).tolist()
         shuffled = [self.examples[i] for i in order]
@@ -47,8 +49,8 @@ class SftStream:
         blocks = pack_best_fit(shuffled, self.seq_len, self.pad_id)  # longest first: shuffle the blocks too
         return [blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()]
 
-    def _take(self, n: int) -> list[dict]:
-        out = []
+    def _take(self, n: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         while len(out) < n:
             if self.pos >= len(self.units):
                 self.epoch, self.pos = self.epoch + 1, 0
@@ -71,18 +73,21 @@ class SftStream:
         n, self._counted = self.real_tokens - self._counted, self.real_tokens
         return n
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "pos": self.pos, "real_tokens": self.real_tokens}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.pos, self.real_tokens = state["epoch"], state["pos"], state["real_tokens"]
         self._counted = self.real_tokens
         self.units = self._epoch_units(self.epoch)
 
 
-def load_examples(stage: SftStage, sources: dict, tokenizer, held_out: bool) -> tuple[list[dict], dict, str]:
+def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
+                  held_out: bool) -> tuple[list[dict[str, Any]], dict[str, FormatStats], str | None]:
     """(examples, counts per source, chat template) of the stage's sources, one split."""
-    examples, counts, template = [], {}, None
+    examples: list[dict[str, Any]] = []
+    counts: dict[str, FormatStats] = {}
+    template: str | None = None
     for name in stage.data:
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
         stats = FormatStats()
@@ -95,7 +100,7 @@ def load_examples(stage: SftStage, sources: dict, tokenizer, held_out: bool) -> 
 
 
 @torch.no_grad()
-def heldout_sft_loss(model, batches: list[dict], device) -> float:
+def heldout_sft_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], device: torch.device) -> float:
     """Mean loss per labelled token over held-out padded batches."""
     was_training = model.training
     model.eval()
@@ -140,7 +145,8 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     return fit(s, task, tracker)
 
 
-def _outcome(stage: SftStage, data: SftStream, counts: dict, tokens: int, extra: dict) -> Outcome:
+def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], tokens: int,
+             extra: dict[str, Any]) -> Outcome:
     template = extra.pop("template")
     metrics = {**extra, "epochs": data.epoch + data.pos / max(1, len(data.units))}
     if stage.packing == "best_fit":
@@ -159,7 +165,7 @@ def tokens_by_source(counts: dict[str, FormatStats], tokens: int) -> dict[str, i
     return {n: round(tokens * v / total) for n, v in share.items()}
 
 
-def _sample_prompts(stage: SftStage, sources: dict, held: list[dict]) -> list[list[dict]]:
+def _sample_prompts(stage: SftStage, sources: dict[str, Any], held: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The first held-out conversations' prompts (messages up to the last user turn), for sample tables."""
     if not stage.samples.every:
         return []

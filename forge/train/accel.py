@@ -7,6 +7,7 @@ per-run state first. The process group (PartialState) is kept: it belongs to the
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -15,7 +16,7 @@ from forge.errors import ForgeError
 _MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
-def new_accelerator(precision: str, where: str):
+def new_accelerator(precision: str, where: str) -> Any:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -32,8 +33,9 @@ def _multi_cpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
-def process_state():
-    """This process's place in the launch (rank, world size, barriers), for pipeline-level work."""
+def process_state() -> Any:
+    """This process's place in the launch (rank, world size, barriers), for pipeline-level work:
+    accelerate's PartialState (untyped; a forge.train.checkpointer.Process among other things)."""
     from accelerate import PartialState
 
     return PartialState(cpu=_multi_cpu())

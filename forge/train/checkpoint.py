@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -29,7 +30,8 @@ _TENSOR_PARTS = ("optimizer", "scheduler", "rng")
 _STEP = re.compile(r"step-(\d+)")
 
 
-def save_checkpoint(model, tokenizer, path: Path, state: dict | None = None, training: dict | None = None) -> Path:
+def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | None = None,
+                    training: dict[str, Any] | None = None) -> Path:
     """save_pretrained (safetensors) + tokenizer + `forge_state.json` (+ `training_state.pt`) +
     the manifest. A failed write (disk full, read-only folder) leaves the previous checkpoints as
     they were and says so in a forge error."""
@@ -83,17 +85,18 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def split_state(state: dict) -> tuple[dict, dict]:
+def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A TrainState's state_dict as (JSON part, tensor part)."""
     return ({k: v for k, v in state.items() if k not in _TENSOR_PARTS},
             {k: v for k, v in state.items() if k in _TENSOR_PARTS})
 
 
-def _load_training(file: Path) -> dict:
+def _load_training(file: Path) -> dict[str, Any]:
     """training_state.pt, weights_only: a planted pickle payload is refused, never run (RNG states
     are saved as tensors and plain types, so nothing beyond torch's safe defaults is needed)."""
     try:
-        return torch.load(file, weights_only=True)
+        training: dict[str, Any] = torch.load(file, weights_only=True)
+        return training
     except pickle.UnpicklingError as e:
         raise ForgeError(f"{file}: refused: it holds objects that are not allowed in a training state "
                          f"(loading is weights_only): {str(e).splitlines()[0][:200]}") from None
@@ -101,35 +104,38 @@ def _load_training(file: Path) -> dict:
         raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
 
 
-def load_state(path: Path) -> dict:
+def load_state(path: Path) -> dict[str, Any]:
     """The whole saved TrainState of a checkpoint folder (both files)."""
-    state = json.loads((Path(path) / STATE).read_text())
+    state: dict[str, Any] = json.loads((Path(path) / STATE).read_text())
     state.update(_load_training(Path(path) / TRAINING))
     return state
 
 
-def load_optimizer_state(path: Path) -> dict | None:
+def load_optimizer_state(path: Path) -> dict[str, Any] | None:
     """The optimizer moments a checkpoint kept (for optim.carry_over), or None."""
     file = Path(path) / TRAINING
-    return _load_training(file).get("optimizer") if file.is_file() else None
+    saved: dict[str, Any] | None = _load_training(file).get("optimizer") if file.is_file() else None
+    return saved
 
 
 def _steps(folder: Path) -> list[Path]:
     """Complete `step-NNNNNNN` folders, newest first (never a `.partial` or `.old` one a crash left)."""
     steps = [p for p in Path(folder).glob("step-*")
              if _STEP.fullmatch(p.name) and (p / TRAINING).is_file() and (p / STATE).is_file()]
-    return sorted(steps, key=lambda p: int(_STEP.fullmatch(p.name).group(1)), reverse=True)
+    return sorted(steps, key=lambda p: int(p.name.removeprefix("step-")), reverse=True)  # names _STEP matched
 
 
 def run_of(path: Path) -> str | None:
     """The run identity a checkpoint was written by (None for one written without it)."""
     try:
-        return json.loads((Path(path) / STATE).read_text()).get("run_id")
+        run_id: str | None = json.loads((Path(path) / STATE).read_text()).get("run_id")
+        return run_id
     except (OSError, ValueError):
         return None
 
 
-def latest_checkpoint(folder: Path, run_id: str | None = None, warn=None) -> Path | None:
+def latest_checkpoint(folder: Path, run_id: str | None = None,
+                      warn: Callable[[str], object] | None = None) -> Path | None:
     """The newest intact resume point under `folder` written by run `run_id` (any run when None).
     A checkpoint whose files fail their hashes is skipped, saying so, for the one before it."""
     warn = warn or (lambda msg: print(f"forge: warning: {msg}", file=sys.stderr))
@@ -151,9 +157,10 @@ def prune_checkpoints(folder: Path, keep: int) -> list[Path]:
     return old
 
 
-def finished_result(final: Path) -> dict | None:
+def finished_result(final: Path) -> dict[str, Any] | None:
     """The saved result of a stage whose final checkpoint was written intact, else None."""
     state = Path(final) / STATE
     if not state.is_file() or verify_checkpoint(final) is not None:
         return None
-    return json.loads(state.read_text()).get("result")
+    result: dict[str, Any] | None = json.loads(state.read_text()).get("result")
+    return result

@@ -116,10 +116,11 @@ class FullCheckpointer:
         lora = final.lora
         if lora is None:
             return self.save(model, tokenizer, path, state, final.training)
+        peft_model: Any = model  # a PeftModel (peft is untyped)
         if not lora.merge:  # the adapter alone: its optimizer moments do not carry over to a full model
-            model.peft_config["default"].base_model_name_or_path = str(Path(final.base or "").resolve())
+            peft_model.peft_config["default"].base_model_name_or_path = str(Path(final.base or "").resolve())
             return self.save(model, tokenizer, path, state)
-        self._on_main(lambda: files.save_checkpoint(model.merge_and_unload(), tokenizer, path, state=state))
+        self._on_main(lambda: files.save_checkpoint(peft_model.merge_and_unload(), tokenizer, path, state=state))
         return Path(path)
 
     def merge_back(self, trained: Path, start: Path, weight: float, out: Path) -> Path:

@@ -73,7 +73,8 @@ class _Ranks:
     """Figures summed over ranks only when they are read (at the log interval, checkpoints, the end)."""
 
     def __init__(self, s: Session):
-        self.s, self.tokens, self.stats, self.targets = s, 0, {}, 0
+        self.s, self.tokens, self.targets = s, 0, 0
+        self.stats: dict[str, float] = {}
 
     def add(self, tokens: int, out: StepResult) -> None:
         self.tokens += tokens
@@ -106,7 +107,8 @@ def _start(s: Session, task: Task, tracker: Tracker, state: TrainState, guard: D
         state.metrics.update({f"{k}_start": v for k, v in _evaluate(task, tracker, 0).items()})
 
 
-def _log(s: Session, task: Task, tracker: Tracker, state: TrainState, ctx: tuple[Meter, _Ranks, StepResult]) -> dict:
+def _log(s: Session, task: Task, tracker: Tracker, state: TrainState,
+         ctx: tuple[Meter, _Ranks, StepResult]) -> dict[str, float]:
     meter, ranks, out = ctx
     tokens, stats = ranks.reduce()
     state.tokens += tokens

@@ -4,6 +4,7 @@ counts (see forge.train.step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,17 +21,18 @@ class Loss:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def causal_lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
+def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token loss over full packed blocks: every position but the last predicts one token."""
-    return model(input_ids=batch, labels=batch).loss
+    loss: torch.Tensor = model(input_ids=batch, labels=batch).loss
+    return loss
 
 
-def masked_lm_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token losses, number of labelled tokens) for a packed or a padded batch (SFT).
 
     A packed batch carries position_ids that restart per example (and no attention mask); a padded
     one carries an attention mask."""
-    kwargs = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
+    kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
     if "position_ids" in batch:
         if "attention_mask" in batch:
             raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
@@ -44,13 +46,13 @@ def masked_lm_loss_sum(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Ten
     return total, (labels != IGNORE).sum()
 
 
-def masked_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean loss over the batch's labelled tokens (0, not NaN, when it has none)."""
     total, count = masked_lm_loss_sum(model, batch)
     return total / count.clamp(min=1)
 
 
-def target_count(batch) -> int:
+def target_count(batch: torch.Tensor | dict[str, Any]) -> int:
     """Target tokens in a batch: every position but the first of a block of token ids, or the
     labelled positions (after the first) of a dict batch with `labels`; a dict batch may name its
     own count under `targets` (its loss is then the mean over that many items)."""

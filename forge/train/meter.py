@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Iterator
 
 
 class Meter:
@@ -28,7 +29,7 @@ class Meter:
         return tps
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield

@@ -2,19 +2,41 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+
 # the recipe's `optim:` and `schedule:` blocks (forge.recipe.settings), read by attribute: the
 # training core does not import the recipe
-Optim = Any
-Schedule = Any
+class Optim(Protocol):
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def betas(self) -> tuple[float, float]: ...
+    @property
+    def eps(self) -> float: ...
+
+
+class Schedule(Protocol):
+    @property
+    def kind(self) -> str: ...            # cosine, linear, constant, wsd, anneal
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+    @property
+    def decay_fraction(self) -> float: ...  # wsd
+    @property
+    def decay(self) -> str: ...           # wsd: linear, cosine, sqrt
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Optim) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not on norms and biases), as in GPT-3 / Llama training."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
@@ -50,11 +72,12 @@ def lr_factor(step: int, total: int, cfg: Schedule) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: Schedule):
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
+                    cfg: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
 
 
-def carry_over(optimizer: torch.optim.Optimizer, saved: dict, cfg: Optim, where: str) -> None:
+def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: Optim, where: str) -> None:
     """Start from a previous stage's optimizer moments (Adam's m and v and step counts), keeping
     this stage's hyper-parameters (lr, betas, eps, weight decay)."""
     from forge.errors import ForgeError

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from forge.train.losses import IGNORE
 
 
-def sequence_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+def sequence_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of log-probs of each row's labelled tokens, number of labelled tokens), right-padded rows."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()

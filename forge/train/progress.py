@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any, Protocol, TextIO
 
 from tqdm.auto import tqdm
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1) -> object: ...
+    def set_postfix(self, **values: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 def is_terminal() -> bool:
@@ -16,15 +23,17 @@ def is_terminal() -> bool:
 class LogProgress:
     """tqdm's small interface, printing `name: step 30/100 (30%), loss 3.21, tok/s 1,234, ETA 0:01:05`."""
 
-    def __init__(self, total: int, desc: str, every: int | None = None, seconds: float = 30.0, stream=None):
+    def __init__(self, total: int, desc: str, every: int | None = None, seconds: float = 30.0,
+                 stream: TextIO | None = None):
         self.total, self.desc, self.n = total, desc, 0
         self.every = every or max(1, total // 10)  # about ten lines per stage, more if steps are slow
         self.seconds, self.stream = seconds, stream or sys.stderr
         self._postfix: dict[str, str] = {}
-        self._start_n, self._start_t = None, time.monotonic()
+        self._start_n: int | None = None
+        self._start_t = time.monotonic()
         self._last_n, self._last_t = 0, self._start_t
 
-    def set_postfix(self, **values) -> None:
+    def set_postfix(self, **values: Any) -> None:
         self._postfix = {k: str(v) for k, v in values.items()}
 
     def update(self, n: int = 1) -> None:
@@ -54,13 +63,14 @@ class LogProgress:
 
 class _Silent:
     def update(self, n: int = 1) -> None: ...
-    def set_postfix(self, **values) -> None: ...
+    def set_postfix(self, **values: Any) -> None: ...
     def close(self) -> None: ...
 
 
-def progress(total: int, desc: str, enabled: bool = True):
+def progress(total: int, desc: str, enabled: bool = True) -> Progress:
     if not enabled:
         return _Silent()
     if is_terminal():
-        return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+        bar: Progress = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+        return bar
     return LogProgress(total, desc)

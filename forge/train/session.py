@@ -18,6 +18,7 @@ from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
 from forge.train.parallel import strategy
+from forge.train.state import TrainState
 
 
 class Place(Protocol):
@@ -55,7 +56,8 @@ class Session:
 
     @property
     def device(self) -> torch.device:
-        return self.accelerator.device
+        device: torch.device = self.accelerator.device
+        return device
 
     @property
     def is_main(self) -> bool:
@@ -66,10 +68,11 @@ class Session:
         return pad_token_id(self.tokenizer)
 
     def unwrapped(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        model: torch.nn.Module = self.accelerator.unwrap_model(self.model)
+        return model
 
-    def restore(self, state: Any) -> bool:
-        """Load the resume point into `state` (a TrainState); False when starting fresh."""
+    def restore(self, state: TrainState) -> bool:
+        """Load the resume point into `state`; False when starting fresh."""
         if self.resume_from is None:
             return False
         state.load_state_dict(self.checkpoints.load_state(self.resume_from))
@@ -79,7 +82,7 @@ class Session:
                              "run or settings: start the stage over (forge run --restart)")
         return True
 
-    def save_resumable(self, state: Any) -> Path:
+    def save_resumable(self, state: TrainState) -> Path:
         """A `checkpoints/step-N` folder a later `--resume` continues from bitwise."""
         as_json, tensors = split_state(state.state_dict())
         path = Path(self.place.out_dir) / "checkpoints" / f"step-{state.step:07d}"
@@ -87,7 +90,7 @@ class Session:
                                                {**as_json, "run_id": self.place.run_id, "training": tensors},
                                                self.settings.checkpoint.keep_last_n)
 
-    def save_final(self, state: Any, result: dict[str, Any], template: str | None = None) -> Path:
+    def save_final(self, state: TrainState, result: dict[str, Any], template: str | None = None) -> Path:
         """The stage's output `final/`: weights (LoRA merged, or the adapter with `lora.merge: false`),
         the tokenizer with the chat template, the resume state and the stage result."""
         if template is not None:

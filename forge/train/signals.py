@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
 
 from forge.errors import ForgeError
 
@@ -15,7 +18,7 @@ class StopRequested(ForgeError):
 
     stopped_on_request = True  # forge.track ends the runs KILLED, not FAILED
 
-    def __init__(self, stage: str, step: int, checkpoint):
+    def __init__(self, stage: str, step: int, checkpoint: Path | None):
         self.stage, self.step, self.checkpoint = stage, step, checkpoint
         super().__init__(f"stage {stage}: stopped on request after step {step}; "
                          f"resumable checkpoint: {checkpoint}")
@@ -24,10 +27,11 @@ class StopRequested(ForgeError):
 class GracefulStop:
     """While active (a `with` block in the main thread), signals set `requested` instead of killing."""
 
-    def __init__(self, announce=lambda msg: print(msg, file=sys.stderr, flush=True)):
-        self.requested, self._announce, self._previous = False, announce, {}
+    def __init__(self, announce: Callable[[str], object] = lambda msg: print(msg, file=sys.stderr, flush=True)):
+        self.requested, self._announce = False, announce
+        self._previous: dict[int, Any] = {}  # signal: the handler it had (signal.signal's answer)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:  # the second signal: at once, the way the process would have stopped
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
@@ -44,12 +48,12 @@ class GracefulStop:
             self._previous = {}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
 
-def agreed(requested: bool, accelerator) -> bool:
+def agreed(requested: bool, accelerator: Any) -> bool:
     """Whether any rank was asked to stop (all ranks then checkpoint and stop at the same step)."""
     if accelerator.num_processes == 1:
         return requested

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     """RNG states as plain types and tensors (loadable with torch.load(weights_only=True))."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the global generator is MT19937: its legacy state tuple (numpy's stubs give the first overload, a dict)
+    legacy = cast("tuple[str, np.ndarray[Any, Any], int, int, float]", np.random.get_state())
+    name, keys, pos, has_gauss, cached = legacy
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -34,15 +36,15 @@ class TrainState:
     guard: Any = None         # forge.train.step.DivergenceGuard
     step: int = 0             # optimizer steps done
     tokens: int = 0           # tokens trained on (all ranks)
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "tokens": self.tokens, "metrics": dict(self.metrics),
                 "data": self.data.state_dict(), "guard": self.guard.state_dict() if self.guard else None,
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng_state()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens, self.metrics = state["step"], state.get("tokens", 0), dict(state["metrics"])
         self.data.load_state_dict(state["data"])
         if self.guard is not None and state.get("guard"):

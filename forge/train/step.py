@@ -12,12 +12,15 @@ import contextlib
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import torch
 
 from forge.errors import ForgeError
 from forge.train.losses import Loss, target_count
+from forge.train.session import Session
+from forge.train.signals import GracefulStop
 
 
 class Divergence(ForgeError):
@@ -35,15 +38,28 @@ class StepResult:
     stat_sums: dict[str, float] = field(default_factory=dict)  # this rank's sum of stat x targets
 
 
+class Guard(Protocol):
+    """The recipe's `guard:` block (forge.recipe.settings.Guard), read by attribute."""
+
+    @property
+    def spike_factor(self) -> float | None: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def action(self) -> str: ...  # stop, skip
+    @property
+    def max_skips(self) -> int: ...
+
+
 class DivergenceGuard:
     """Trips on a non-finite loss or gradient norm, or on a loss above spike_factor x the mean of
     the last `window` accepted losses; then stops the stage or skips the batch (`action`)."""
 
-    def __init__(self, cfg, where: str):
+    def __init__(self, cfg: Guard, where: str):
         self.cfg, self.where = cfg, where
         self.recent: deque[float] = deque(maxlen=cfg.window)
         self.skipped = 0
-        self.last_good_checkpoint = None  # set by the stage as it writes checkpoints
+        self.last_good_checkpoint: Path | None = None  # set by the stage as it writes checkpoints
 
     def problem(self, loss: float, grad_norm: float | None) -> str | None:
         if not math.isfinite(loss):
@@ -71,17 +87,17 @@ class DivergenceGuard:
     def accept(self, loss: float) -> None:
         self.recent.append(loss)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"recent": list(self.recent), "skipped": self.skipped}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.recent.clear()
         self.recent.extend(state["recent"])
         self.skipped = state["skipped"]
 
 
-def train_step(session, batches: list, loss_fn: Callable, guard: DivergenceGuard, step: int,
-               stop=None) -> StepResult:
+def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn.Module, Any], Any],
+               guard: DivergenceGuard, step: int, stop: GracefulStop | None = None) -> StepResult:
     """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step. `loss_fn`
     returns a micro-batch's mean loss, or a `Loss` with the kind's statistics. Whether any rank was
     asked to stop (`stop.requested`, read after the backward passes) travels in the loss's all-reduce."""
