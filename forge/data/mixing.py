@@ -16,10 +16,12 @@ from typing import Iterator
 
 import torch
 
+from forge.data.head_encode import HeadCutter
 from forge.data.sources import Source
 from forge.errors import ForgeError
 
 ENCODE_BATCH = 512
+WINDOW_CHARS = 1 << 20  # a longer document is encoded a window at a time: memory follows the window
 
 
 def in_holdout(source: str, record: int, fraction: float) -> bool:
@@ -44,9 +46,15 @@ class TokenStream:
         self.epoch, self.repeats, self.exhausted = 0, 0, False
         self._records: Iterator[tuple[int, str]] = iter(())
         self._queue: deque[tuple[int, list[int]]] = deque()
-        self._cur: list[int] = []
-        self._cur_record, self._offset = 0, 0
+        self._cur: list[int] = []     # the tokens of the current document (or of its current window)
+        self._pos = 0                  # position in _cur
+        self._rest: Iterator[list[int]] | None = None  # a long document's windows still to encode
+        self._cur_record, self._offset = 0, 0          # the document, and the tokens taken from it
         self._seen_in_epoch = 0
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and getattr(backend, "padding", None) is None \
+            and getattr(backend, "truncation", None) is None
+        self._cutter = HeadCutter.for_tokenizer(backend) if plain else None
         self._open()
 
     def _open(self) -> None:
@@ -57,16 +65,35 @@ class TokenStream:
         held = in_holdout(self.source.name, record, self.source.holdout)
         return held if self.split == "eval" else not held
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
+    def _ids(self, texts: list[str]) -> list[list[int]]:
         # the Rust tokenizer directly: transformers' per-call wrapping costs ~10-40% of throughput
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None and hasattr(backend, "encode_batch_fast"):
-            ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
-        else:
-            ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        ids = self._ids(texts)
         if self.sep_after:
             return [x + [self.sep_id] for x in ids]
         return [[self.sep_id] + x for x in ids]
+
+    def _long(self, text: str) -> bool:
+        return self._cutter is not None and len(text) > WINDOW_CHARS
+
+    def _windows(self, text: str) -> Iterator[list[int]]:
+        """A long document's tokens, window by window: each window ends at a position no token of the
+        whole text spans (forge.data.head_encode), so the windows' tokens are the whole text's."""
+        start, cutter = 0, self._cutter
+        if not self.sep_after:
+            yield [self.sep_id]
+        while start < len(text):
+            end = cutter.cut(text, start + WINDOW_CHARS, search=WINDOW_CHARS) if cutter else None
+            end = len(text) if end is None else end
+            yield self._ids([text[start:end]])[0]
+            start = end
+        if self.sep_after:
+            yield [self.sep_id]
 
     def _fill(self) -> bool:
         """Queue the next batch of encoded documents; False when the source has none left."""
@@ -79,7 +106,10 @@ class TokenStream:
                         break
             if batch:
                 self._seen_in_epoch += len(batch)
-                self._queue.extend(zip((r for r, _ in batch), self._encode([t for _, t in batch])))
+                short = [t for _, t in batch if not self._long(t)]
+                encoded = iter(self._encode(short))
+                # a long document stays text until it is read, then is encoded a window at a time
+                self._queue.extend((r, t if self._long(t) else next(encoded)) for r, t in batch)
                 return True
             if self._seen_in_epoch == 0 and self.split == "train":
                 raise ForgeError(f"data source {self.source.name!r} has no {self.split} documents")
@@ -93,12 +123,18 @@ class TokenStream:
 
     def take(self, n: int) -> list[int]:
         """Up to `n` tokens from the current document (starting the next one when needed)."""
-        if self._offset >= len(self._cur):
+        while self._pos >= len(self._cur):
+            window = next(self._rest, None) if self._rest is not None else None
+            if window is not None:
+                self._cur, self._pos = window, 0
+                continue
             if not self._fill():
                 return []
-            self._cur_record, self._cur = self._queue.popleft()
-            self._offset = 0
-        piece = self._cur[self._offset:self._offset + n]
+            self._cur_record, doc = self._queue.popleft()
+            self._offset, self._pos = 0, 0
+            self._cur, self._rest = ([], self._windows(doc)) if isinstance(doc, str) else (doc, None)
+        piece = self._cur[self._pos:self._pos + n]
+        self._pos += len(piece)
         self._offset += len(piece)
         return piece
 
@@ -111,14 +147,20 @@ class TokenStream:
         self.epoch, self.repeats, self.exhausted = state["epoch"], state["repeats"], state["exhausted"]
         self._queue.clear()
         self._open()
-        self._cur, self._offset, self._cur_record = [], 0, 0
+        self._cur, self._pos, self._rest, self._offset, self._cur_record = [], 0, None, 0, 0
         if state["record"] == 0:
             return
         for record, text in self._records:
             if record == state["record"]:
                 self._seen_in_epoch = 1
-                self._cur_record, self._cur = record, self._encode([text])[0]
-                self._offset = state["offset"]
+                self._cur_record, self._offset = record, state["offset"]
+                self._rest = self._windows(text) if self._long(text) else iter([self._encode([text])[0]])
+                skip = state["offset"]
+                while (window := next(self._rest, None)) is not None:
+                    if skip < len(window):
+                        self._cur, self._pos = window, skip
+                        break
+                    skip -= len(window)
                 return
         raise ForgeError(f"data source {self.source.name!r} changed since the checkpoint: record {state['record']} is gone")
 
