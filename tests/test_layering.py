@@ -41,7 +41,9 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.quiet": {"forge.track"} | LEAVES,
     "forge.ui": {"forge.track"} | SCHEMA | LEAVES,
     # the schema layer
-    "forge.recipe": {"forge.catalog"} | LEAVES,
+    # the recipe describes data with forge.data's own config types (FormatSpec, HygieneConfig): data
+    # sits below the recipe and never imports it (NO_RECIPE)
+    "forge.recipe": {"forge.catalog", "forge.data"} | LEAVES,
     "forge.kinds": {"forge.recipe"} | LEAVES,              # stage modules and planner builders by name only
     "forge.catalog": LEAVES,
     # leaves
