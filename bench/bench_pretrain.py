@@ -4,12 +4,13 @@
 
 (a) forge: the full stage (mixing and packing on the fly, accelerate, grad clipping, LR schedule,
 metrics to a real MLflow SQLite store); (b) bare: forward, backward, optimizer step over blocks
-packed beforehand. Runs alternate a/b and the best of each is compared (the machine is noisy).
+packed beforehand. Runs alternate a/b and the median of each is compared (the machine is noisy).
 Prints tokens/s of each and forge's overhead.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -79,13 +80,13 @@ def main() -> None:
             result = pretrain.run(stage, StageInputs(base, sources, tmp / f"run{r}", tracker))
         forge_s.append(result.metrics["train_seconds"])
         bare_s.append(bare_loop(base, blocks, 1e-3))
-    f, b = tokens / min(forge_s), tokens / min(bare_s)
+    f, b = tokens / statistics.median(forge_s), tokens / statistics.median(bare_s)
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(base).parameters())
     print(f"model: llama {args.layers} layers, hidden {args.hidden}, {params / 1e6:.2f}M params; "
           f"{args.steps} steps x {args.batch} x {args.seq_len} tokens; torch threads {torch.get_num_threads()}")
-    print(f"{'':10}{'tokens/s':>12}{'best s':>10}")
-    print(f"{'bare':10}{b:12,.0f}{min(bare_s):10.2f}")
-    print(f"{'forge':10}{f:12,.0f}{min(forge_s):10.2f}")
+    print(f"{'':10}{'tokens/s':>12}{'median s':>10}   runs (s)")
+    print(f"{'bare':10}{b:12,.0f}{statistics.median(bare_s):10.2f}   " + ", ".join(f"{x:.2f}" for x in bare_s))
+    print(f"{'forge':10}{f:12,.0f}{statistics.median(forge_s):10.2f}   " + ", ".join(f"{x:.2f}" for x in forge_s))
     print(f"forge / bare throughput: {f / b:.3f}  (overhead {100 * (1 - f / b):+.1f}%)")
 
 
