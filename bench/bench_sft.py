@@ -1,8 +1,8 @@
 """SFT throughput: forge's SFT stage vs a bare loop over the very packed batches forge trains on
 (forward, backward, AdamW step; nothing else), TRL `SFTTrainer` (its defaults) and Hugging Face
 `Trainer`; same model (stories260K), data (MedQuAD as chat), batch, seq_len and steps; real
-(non-pad) tokens per second of training time, the median of `--repeats` rounds run in turn, and
-the ratios. Then SFT data preparation (chat template, assistant masks) in records/s and tokens/s
+(non-pad) tokens per second of training time, the median of `--repeats` rounds run in turn (the
+order rotating each round), and the ratios. Then SFT data preparation (chat template, assistant masks) in records/s and tokens/s
 against the pretraining tokenize-and-pack path (bench_data.forge_pass).
 
     python bench/bench_sft.py [--steps 30] [--batch 8] [--seq-len 512] [--repeats 3] [--prep-only]
@@ -172,9 +172,10 @@ def main() -> None:
     runs = {"forge (packed best-fit)": bench_forge, "bare loop (same packed batches)": bench_bare,
             "TRL SFTTrainer defaults": bench_trl, "HF Trainer (padded)": bench_hf}
     got: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(args.repeats):  # in turn, so a noisy spell hits every contender alike
-        for name, fn in runs.items():
-            got[name].append(fn(tmp / f"r{r}", args))
+    names = list(runs)
+    for r in range(args.repeats):  # in turn, so a noisy spell hits every contender alike; the order
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotates: the first run of a
+            got[name].append(runs[name](tmp / f"r{r}", args))          # process (its warm-up) is shared
     tps = {name: statistics.median(v) for name, v in got.items()}
     forge = tps["forge (packed best-fit)"]
     print(f"SFT, stories260K, MedQuAD chat, batch {args.batch}, seq_len {args.seq_len}, {args.steps} steps (CPU), "
