@@ -1,5 +1,6 @@
-"""Checkpoints in Hugging Face format, written atomically (a crash never leaves half a folder),
-plus what an exact resume needs: optimizer and scheduler state, RNG states, the data position.
+"""The checkpoint folder format, which forge.train.checkpointer's FullCheckpointer writes and reads:
+Hugging Face weights, written atomically (a crash never leaves half a folder), plus what an exact
+resume needs: optimizer and scheduler state, RNG states, the data position.
 
 A checkpoint folder holds the model (safetensors), the tokenizer, `forge_state.json` (step,
 tokens, metrics, data position, the run identity; a final checkpoint also its stage result),

@@ -1,6 +1,6 @@
 """Progress of long work: a bar (steps, tokens/s, loss, ETA) on a terminal; without one (CI,
 `nohup`, a pipe) a plain line every `every` steps or `seconds` seconds, so batch logs show progress.
-Both answer update / set_postfix / close, the interface the stage loops use."""
+Both answer update / set_postfix / close, the interface the training loop uses."""
 from __future__ import annotations
 
 import sys
