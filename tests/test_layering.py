@@ -18,7 +18,8 @@ from forge_testing import REPO
 # version), and pipelines/. Each unit may import itself and the units listed for it, nothing else.
 # The CLI reaches a pipeline by name (importlib), never by an import statement.
 LEAVES = {"forge", "forge.errors", "forge.files", "forge.base_check", "forge.usercode", "forge.rundir",
-          "forge.lineage"}  # small helpers and records: import only each other
+          "forge.lineage", "forge.scrub"}  # small helpers and records: import only each other
+# (forge.scrub, the one scrubber every writer calls, also imports forge.data's secret and PII detectors)
 SCHEMA = {"forge.recipe", "forge.kinds", "forge.catalog"}  # the recipe schema and the kinds table
 MIDDLE = {"forge.train", "forge.data", "forge.lm", "forge.eval", "forge.plan", "forge.track", "forge.export",
           "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui"}
@@ -52,8 +53,9 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.files": set(),
     "forge.base_check": set(),
     "forge.usercode": {"forge.errors"},
-    "forge.rundir": {"forge.errors"},
-    "forge.lineage": {"forge", "forge.errors", "forge.files"},
+    "forge.rundir": {"forge.errors", "forge.scrub"},
+    "forge.lineage": {"forge", "forge.errors", "forge.files", "forge.scrub"},
+    "forge.scrub": {"forge.data"},                         # every writer's one scrubber: the detectors
 }
 NO_RECIPE = ("forge.data", "forge.train")  # not even the recipe's settings modules
 

@@ -1,0 +1,81 @@
+"""The one scrubber for text from user code or the environment that forge writes (errors, MLflow
+tags, params and descriptions, the resolved recipe, the lineage, run.json and the lock, model cards,
+the export manifest, the printed error line).
+
+`scrub(text)` replaces, in this order:
+- the value of every environment variable whose name says it holds a secret (a part KEY, SECRET,
+  TOKEN, PASSWORD, CREDENTIAL(S), PRIVATE, AUTH, COOKIE, DSN, ... as in `AWS_SECRET_ACCESS_KEY`,
+  `HF_TOKEN`, `DATABASE_URL`; not `TOKENIZERS_PARALLELISM`) and 8 to 65,536 characters long,
+  by `<env:NAME>`;
+- the password of a URL's user info: `scheme://user:***@host` (a password in the query, as
+  `?password=...`, goes by the detectors);
+- what forge's secret and PII detectors (`forge.data.pii.scan_pii`) find, by their placeholders
+  (`<GITHUB_TOKEN>`, `<EMAIL>`, ...), except IP addresses (forge writes 127.0.0.1 URIs and
+  versions) and phone numbers written as bare digits (forge writes ten-digit counts).
+
+`scrub_tree` does the same to every string of a JSON-like tree (dict keys too), leaving numbers and
+the shape alone. The same input always gives the same output, so a scrubbed record compares equal
+to a freshly scrubbed one (run.json's recipe fingerprint on --resume).
+"""
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from typing import Any
+
+from forge.data.pii import PII_TYPES, redact, scan_pii
+
+# name parts (split on "_") that say a variable holds a secret; and whole names that do
+_SECRET_PART = re.compile(r"(?:API|ACCESS|SECRET|PRIVATE)?KEYS?|SECRETS?|TOKENS?|PASS(?:WORD|WD|PHRASE)?S?|PW|"
+                          r"CREDENTIALS?|CREDS?|PRIVATE|AUTH|AUTHORIZATION|COOKIES?|SIGNATURE|DSN|SALT")
+_SECRET_NAMES = frozenset({"DATABASE_URL", "DB_URL", "REDIS_URL", "MONGODB_URI", "SENTRY_DSN"})
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+_MIN_VALUE, _MAX_VALUE = 8, 65_536
+_TYPES = tuple(t for t in PII_TYPES if t != "ip_address")
+# scheme://user:password@ (the password may hold anything but '@', '/' and whitespace)
+_URL_AUTH = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<pw>[^\s@/]+)@")
+
+
+@lru_cache(maxsize=4096)
+def secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret."""
+    upper = name.upper()
+    if upper in _NOT_SECRET:
+        return False
+    return upper in _SECRET_NAMES or any(_SECRET_PART.fullmatch(p) for p in upper.split("_") if p)
+
+
+def _env_secrets() -> list[tuple[str, str]]:
+    """(value, name) of the secret-named variables now set, longest value first."""
+    found = {v: k for k, v in os.environ.items() if secret_name(k) and _MIN_VALUE <= len(v) <= _MAX_VALUE}
+    return sorted(found.items(), key=lambda item: -len(item[0]))
+
+
+def mask_url_credentials(text: str) -> str:
+    """`scheme://user:password@host` -> `scheme://user:***@host`, wherever it occurs in `text`."""
+    return _URL_AUTH.sub(lambda m: f"{m['head']}***@", text) if "://" in text else text
+
+
+def scrub(text: str) -> str:
+    """`text` with environment secrets, URL passwords and the detectors' finds replaced."""
+    if not text:
+        return text
+    for value, name in _env_secrets():
+        if value in text:
+            text = text.replace(value, f"<env:{name}>")
+    text = mask_url_credentials(text)
+    findings = [f for f in scan_pii(text, _TYPES)
+                if not (f.type == "phone" and text[f.start:f.end].isdigit())]
+    return redact(text, findings) if findings else text
+
+
+def scrub_tree(tree: Any) -> Any:
+    """A copy of a JSON-like tree (dicts, lists, tuples, scalars) with every string scrubbed."""
+    if isinstance(tree, str):
+        return scrub(tree)
+    if isinstance(tree, dict):
+        return {scrub_tree(k): scrub_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [scrub_tree(v) for v in tree]
+    return tree
