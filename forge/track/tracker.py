@@ -2,6 +2,9 @@
 a nested child per stage), their params, metrics, summaries, descriptions, datasets and artifacts,
 and the registry calls.
 
+Every text it writes (tags, params, descriptions, summaries, datasets, text, dict and table
+artifacts, registry tags and descriptions, the error of a failed run) passes `forge.scrub` first.
+
 It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
 batches; only rank 0 logs (other ranks get a tracker with `enabled=False`, which does nothing). A
 run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
+from forge.scrub import scrub, scrub_tree
 from forge.track import registry
 from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
                                metric_name, summary_value)
@@ -80,8 +84,8 @@ class MlflowTracker:
             self._pending.append((what, lambda: fn(*args, **kwargs)))
             self._buffered += 1
             if self._buffered == 1:
-                print(f"forge: warning: MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]}; "
-                      "training goes on, buffering records and retrying", file=sys.stderr, flush=True)
+                print(scrub(f"forge: warning: MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]}; "
+                            "training goes on, buffering records and retrying"), file=sys.stderr, flush=True)
 
     def _flush(self) -> None:
         while self._pending:
@@ -106,6 +110,7 @@ class MlflowTracker:
             return
         mlflow = self._mlflow
         nested = mlflow.active_run() is not None
+        tags = {k: scrub(str(v)) for k, v in tags.items()} if tags else tags
         if run_id is not None:
             run = mlflow.start_run(run_id=run_id, nested=nested, log_system_metrics=nested and self.system_metrics)
             if tags:
@@ -122,6 +127,7 @@ class MlflowTracker:
             message = f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
             if isinstance(e, SystemExit):
                 message = f"stopped with exit status {e.code} (terminated, or another process of the launch failed)"
+            message = scrub(message)
             # a second signal (the one that "stops at once") waits the few ms it takes to say why
             with _signals_deferred(), contextlib.suppress(Exception):
                 mlflow.set_tags({"error": message[:5000], "mlflow.note.content": f"Failed: {message[:5000]}"})
@@ -158,20 +164,20 @@ class MlflowTracker:
         """Mark a run that a killed process left RUNNING as FAILED, saying why."""
         if not self.enabled:
             return
-        client = self._mlflow.MlflowClient()
+        client, message = self._mlflow.MlflowClient(), scrub(message)
         client.set_tag(run_id, "error", message[:5000])
         client.set_tag(run_id, "mlflow.note.content", f"Failed: {message[:5000]}")
         client.set_terminated(run_id, "FAILED")
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.enabled:
-            self._call("tags", self._mlflow.set_tags, {k: str(v)[:5000] for k, v in tags.items()})
+            self._call("tags", self._mlflow.set_tags, {k: scrub(str(v))[:5000] for k, v in tags.items()})
 
     # ------------------------------------------------------------------- params, metrics
     def log_params(self, params: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        flat = {k[:MAX_PARAM_KEY]: v[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
+        flat = {k[:MAX_PARAM_KEY]: scrub(v)[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
         items = list(flat.items())
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self._call("params", self._mlflow.log_params, dict(items[i:i + PARAMS_PER_BATCH]))
@@ -194,7 +200,7 @@ class MlflowTracker:
         if not self.enabled or not values:
             return
         run_id = run_id or self._mlflow.active_run().info.run_id
-        shown = {k: summary_value(v) for k, v in values.items()}
+        shown = {k: scrub(summary_value(v)) for k, v in values.items()}
         table = self._summaries.setdefault(run_id, {}).setdefault(section, {})
         new = {k: v for k, v in shown.items() if table.get(k) != v}
         table.update(shown)
@@ -209,7 +215,7 @@ class MlflowTracker:
             self._call("params", self._log_params_to, run_id, fresh[i:i + PARAMS_PER_BATCH])
         if new:
             rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
-            self._call("summary", self._log_table, rows, "summary.json", run_id)
+            self._call("summary", self._log_table, rows, "summary.json", run_id)  # values scrubbed above
 
     def _log_params_to(self, run_id: str, params: list[tuple[str, str]]) -> None:
         from mlflow.entities import Param
@@ -224,7 +230,7 @@ class MlflowTracker:
     def describe(self, markdown: str) -> None:
         """The active run's description (MLflow's run note, shown at the top of the run page)."""
         if self.enabled:
-            self._call("description", self._mlflow.set_tag, "mlflow.note.content", markdown[:5000])
+            self._call("description", self._mlflow.set_tag, "mlflow.note.content", scrub(markdown)[:5000])
 
     # ------------------------------------------------------------------ data, artifacts
     def log_dataset(self, name: str, path: str, digest: str, context: str = "train",
@@ -237,17 +243,17 @@ class MlflowTracker:
 
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local files
             warnings.simplefilter("ignore")
-            source = resolve_dataset_source(path)
+            source = resolve_dataset_source(scrub(path))
         dataset = MetaDataset(source, name=name, digest=digest[:32])
-        self._call("datasets", self._mlflow.log_input, dataset, context=context, tags=tags)
+        self._call("datasets", self._mlflow.log_input, dataset, context=context, tags=scrub_tree(tags))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.enabled:
-            self._call(artifact_file, self._mlflow.log_text, text, artifact_file)
+            self._call(artifact_file, self._mlflow.log_text, scrub(text), artifact_file)
 
     def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
         if self.enabled:
-            self._call(artifact_file, self._mlflow.log_dict, data, artifact_file)
+            self._call(artifact_file, self._mlflow.log_dict, scrub_tree(data), artifact_file)
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         if self.enabled:
@@ -266,13 +272,14 @@ class MlflowTracker:
     def register_model(self, model_dir: str | os.PathLike[str], name: str, alias: str,
                        tags: dict[str, str]) -> int | None:
         """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
-        return registry.register_model(model_dir, name, alias, tags) if self.enabled else None
+        return registry.register_model(model_dir, name, alias, scrub_tree(tags)) if self.enabled else None
 
     def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
         """The version's description (Markdown, on its registry page); the registered model gets
         `model_markdown` (default: the same) when it has no description yet."""
         if self.enabled:
-            registry.describe_model(name, version, markdown, model_markdown)
+            model_markdown = None if model_markdown is None else scrub(model_markdown)
+            registry.describe_model(name, version, scrub(markdown), model_markdown)
 
     def alias_version(self, name: str, alias: str) -> tuple[int, dict[str, str]] | None:
         """The registered version holding `alias` and its tags; None if none does (or no such model)."""
@@ -284,12 +291,12 @@ class MlflowTracker:
 
     def set_version_tags(self, name: str, version: int, tags: dict[str, str]) -> None:
         if self.enabled:
-            registry.set_version_tags(name, version, tags)
+            registry.set_version_tags(name, version, scrub_tree(tags))
 
     def log_table(self, table: dict[str, list[Any]], artifact_file: str) -> None:
         """A table (column -> values) as an MLflow table artifact (JSON), e.g. sample generations."""
         if self.enabled:
-            self._mlflow.log_table(data=table, artifact_file=artifact_file)
+            self._mlflow.log_table(data=scrub_tree(table), artifact_file=artifact_file)
 
 
 @contextlib.contextmanager
