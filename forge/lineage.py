@@ -1,6 +1,7 @@
 """The Novella's lineage, typed and versioned: where it came from (base, data sources, each stage's
 settings, checkpoints, tokens and metrics), how it was evaluated and what it cost, read and
-written as `lineage.json` (files from before the version field still read)."""
+written as `lineage.json` (files from before the version field still read). Its JSON form passes
+`forge.scrub`: no secret or personal data from paths, settings or errors is written."""
 from __future__ import annotations
 
 import datetime as dt
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 import forge
 from forge.errors import ForgeError
 from forge.files import atomic_dir
+from forge.scrub import scrub_dict
 
 LINEAGE_VERSION = 1  # 0: the untyped dict forge wrote before it had a version field (same shape)
 
@@ -178,8 +180,9 @@ class Lineage(_Record):
         return {**data, "version": LINEAGE_VERSION}
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form, as `lineage.json` holds it (non-finite floats kept, as json writes them)."""
-        return self.model_dump(by_alias=True)
+        """The JSON-ready form, as `lineage.json` holds it (non-finite floats kept, as json writes them;
+        every string scrubbed by forge.scrub)."""
+        return scrub_dict(self.model_dump(by_alias=True))
 
     def write(self, path: Path) -> Path:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

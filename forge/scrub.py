@@ -13,9 +13,9 @@ the export manifest, the printed error line).
   (`<GITHUB_TOKEN>`, `<EMAIL>`, ...), except IP addresses (forge writes 127.0.0.1 URIs and
   versions) and phone numbers written as bare digits (forge writes ten-digit counts).
 
-`scrub_tree` does the same to every string of a JSON-like tree (dict keys too), leaving numbers and
-the shape alone. The same input always gives the same output, so a scrubbed record compares equal
-to a freshly scrubbed one (run.json's recipe fingerprint on --resume).
+`scrub_tree` (and `scrub_dict`, typed) does the same to every string of a JSON-like tree (dict
+keys too), leaving numbers and the shape alone. The same input always gives the same output, so a
+scrubbed record compares equal to a freshly scrubbed one (run.json's recipe fingerprint on --resume).
 """
 from __future__ import annotations
 
@@ -79,3 +79,8 @@ def scrub_tree(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return [scrub_tree(v) for v in tree]
     return tree
+
+
+def scrub_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """`scrub_tree` of a dict, typed as one (keys and nested strings scrubbed)."""
+    return {scrub(k): scrub_tree(v) for k, v in data.items()}

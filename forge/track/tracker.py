@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
-from forge.scrub import scrub, scrub_tree
+from forge.scrub import scrub, scrub_dict, scrub_tree
 from forge.track import registry
 from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
                                metric_name, summary_value)
@@ -84,8 +84,9 @@ class MlflowTracker:
             self._pending.append((what, lambda: fn(*args, **kwargs)))
             self._buffered += 1
             if self._buffered == 1:
-                print(scrub(f"forge: warning: MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]}; "
-                            "training goes on, buffering records and retrying"), file=sys.stderr, flush=True)
+                why = scrub(str(e).splitlines()[0][:300])
+                print(f"forge: warning: MLflow store failed while logging {what}: {why}; "
+                      "training goes on, buffering records and retrying", file=sys.stderr, flush=True)
 
     def _flush(self) -> None:
         while self._pending:
@@ -253,7 +254,7 @@ class MlflowTracker:
 
     def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
         if self.enabled:
-            self._call(artifact_file, self._mlflow.log_dict, scrub_tree(data), artifact_file)
+            self._call(artifact_file, self._mlflow.log_dict, scrub_dict(data), artifact_file)
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         if self.enabled:
