@@ -19,6 +19,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 
 from forge.base_check import check_base
 from forge.errors import ForgeError
+from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
 from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
     NAME, DataSource, GeneratedText, Strict,
@@ -359,5 +360,6 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 
 
 def resolved_yaml(recipe: Recipe) -> str:
-    """The recipe as it will run (defaults filled, overrides applied, paths absolute)."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    """The recipe as it will run (defaults filled, overrides applied, paths absolute), scrubbed by
+    forge.scrub (URL passwords masked, secrets and personal data replaced by placeholders)."""
+    return yaml.safe_dump(scrub_tree(recipe.model_dump(mode="json")), sort_keys=False)
