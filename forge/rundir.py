@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.scrub import scrub, scrub_dict
 
 LOCK = ".forge.lock"
 RUN = "run.json"
@@ -28,8 +29,9 @@ RUN_OUTPUTS = ("stages", "novella", "recipe.resolved.yaml")
 
 
 def recipe_fingerprint(recipe) -> dict:
-    """The resolved recipe as {dotted field (override syntax): value}, the output folder aside."""
-    return {k: v for k, v in _flatten(recipe.model_dump(mode="json")).items() if k != "output"}
+    """The resolved recipe as {dotted field (override syntax): value}, the output folder aside, its
+    strings scrubbed by forge.scrub as run.json stores them (so a resume compares like with like)."""
+    return scrub_dict({k: v for k, v in _flatten(recipe.model_dump(mode="json")).items() if k != "output"})
 
 
 def _flatten(tree, prefix: str = "") -> dict:
@@ -106,7 +108,7 @@ class RunFolder:
         try:
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                     "started": _now(), "command": " ".join(sys.argv)}).encode())
+                                     "started": _now(), "command": scrub(" ".join(sys.argv))}).encode())
             record = cls._decide(out, fingerprint, resume, restart, overwrite, allow_changed, log)
         except BaseException:
             os.close(fd)  # releases the lock
@@ -182,7 +184,7 @@ class RunFolder:
 
     def _save(self) -> None:
         tmp = self.out / (RUN + ".tmp")
-        tmp.write_text(json.dumps(self.record, indent=2, default=str))
+        tmp.write_text(json.dumps(scrub_dict(self.record), indent=2, default=str))
         os.replace(tmp, self.out / RUN)
 
     def close(self) -> None:
