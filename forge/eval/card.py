@@ -1,12 +1,14 @@
 """MODEL_CARD.md for a Novella: intended use, base, stages and their data (names, sizes, hashes,
 hygiene counts; never the data itself), the evaluation table and gates, compute planned vs used,
-and limitations. Built from the lineage record alone, so nothing read from the data can leak in."""
+and limitations. Built from the lineage record alone, so nothing read from the data can leak in; the
+text passes forge.scrub (paths, settings and the intended use may hold secrets or personal data)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 from forge.lineage import EvaluationRecord, Lineage
+from forge.scrub import scrub
 from forge.track.notes import base_summary
 
 
@@ -68,7 +70,7 @@ def model_card(lineage: Lineage, intended_use: str | None = None, limitations: l
     if ev.skipped:
         auto.append(f"Skipped for the time budget: {', '.join(ev.skipped)}.")
     lines += [f"- {x}" for x in [*auto, *(limitations or [])]] + [""]
-    return "\n".join(lines)
+    return scrub("\n".join(lines))
 
 
 def _or_dash(v: Any) -> Any:

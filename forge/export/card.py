@@ -1,7 +1,9 @@
-"""MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to import it."""
+"""MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to import it;
+scrubbed by forge.scrub."""
 from __future__ import annotations
 
 from forge.lineage import Lineage
+from forge.scrub import scrub
 
 
 def model_card(name: str, lineage: Lineage | None, config: dict, info: dict) -> str:
@@ -38,4 +40,4 @@ def model_card(name: str, lineage: Lineage | None, config: dict, info: dict) -> 
               "starts a Custom Model Import job", "",
               "Intended use and limitations follow from the data above: the model knows what it was trained "
               "on and nothing newer; evaluate it on your own tasks before use.", ""]
-    return "\n".join(lines)
+    return scrub("\n".join(lines))

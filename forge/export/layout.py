@@ -25,6 +25,7 @@ from forge.export.card import model_card
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import atomic_dir
 from forge.lineage import Lineage
+from forge.scrub import scrub_dict
 
 MANIFEST = "forge-manifest.json"
 JOB_REQUEST = "bedrock-import-job.json"
@@ -103,7 +104,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
             from forge.export.verify import verify
 
             manifest["verification"] = verify(src, tmp, opts.dtype, log=log)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(scrub_dict(manifest), indent=2) + "\n")  # paths, lineage: scrubbed
         request = None
         if opts.role_arn and opts.s3_uri:
             request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
