@@ -8,6 +8,7 @@ import signal
 import sys
 
 from forge.errors import ForgeError
+from forge.scrub import scrub
 from forge.quiet import quiet_libraries
 
 
@@ -163,17 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ForgeError as e:
-        print(f"forge: error: {e}".replace("\n", "\n  "), file=sys.stderr)
+        print(scrub(f"forge: error: {e}").replace("\n", "\n  "), file=sys.stderr)  # terminal logs are kept
         return 2
     except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
         where = f"{e.filename}: " if e.filename else ""
-        print(f"forge: error: {where}{e.strerror or e} (after an interrupted run, fix this and add --resume)",
+        print(scrub(f"forge: error: {where}{e.strerror or e} (after an interrupted run, fix this and add --resume)"),
               file=sys.stderr)
         return 2
     except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
         if os.environ.get("FORGE_DEBUG"):
             raise
-        print(f"forge: unexpected error: {type(e).__name__}: {e}\n  (set FORGE_DEBUG=1 for the traceback)",
+        print(scrub(f"forge: unexpected error: {type(e).__name__}: {e}\n  (set FORGE_DEBUG=1 for the traceback)"),
               file=sys.stderr)
         return 1
     except KeyboardInterrupt:
