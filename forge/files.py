@@ -1,9 +1,15 @@
-"""Folders that appear whole or not at all (checkpoints, the Novella, caches, a built base)."""
+"""Folders that appear whole or not at all (checkpoints, the Novella, caches, a built base, an export)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
+import re
 import shutil
+import signal
+import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -29,3 +35,94 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def replace_dir(path: Path, tag: str) -> Iterator[Path]:
+    """Yield a new folder to fill, made under a unique hidden name beside `path`
+    (`.NAME.TAG-PID-XXXXXXXX`); on success it takes `path`'s place by one atomic exchange and
+    what was at `path` (which the caller has checked is its own to replace) is removed. Nothing
+    else beside `path` is touched. An error, SIGINT, SIGTERM or SIGHUP while filling removes the
+    new folder and leaves `path` as it was; after a SIGKILL, the next call for the same `path` and
+    `tag` removes what the killed process left (and puts back an old folder it had moved aside)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}.{tag}-"
+    _remove_stale(path, prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it owner-only; the folder is for sharing
+    try:
+        with _signals_raise():
+            yield tmp
+            if path.exists():
+                _exchange(tmp, path, Path(f"{tmp}-old"))  # tmp now holds the old folder
+                shutil.rmtree(tmp)
+            else:
+                os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _exchange(new: Path, path: Path, aside: Path) -> None:
+    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); where the file system cannot,
+    move `path` aside, `new` in, and the old one to `new`'s name."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(path), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(path))
+    os.rename(path, aside)
+    os.rename(new, path)
+    os.rename(aside, new)
+
+
+def _remove_stale(path: Path, prefix: str) -> None:
+    """Folders `replace_dir` made for `path` in processes that no longer exist."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-[A-Za-z0-9_]{8}(-old)?")
+    for entry in path.parent.iterdir():
+        m = pattern.fullmatch(entry.name)
+        if not m or entry.is_symlink() or not entry.is_dir() or _alive(int(m.group(1))):
+            continue
+        if m.group(2) and not path.exists():  # killed between the two renames: the old one goes back
+            os.rename(entry, path)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP, where nothing else handles them, end the process through Python (as
+    SystemExit 128+signal) so that cleanup runs; SIGINT already raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            saved[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -25,7 +25,9 @@ def add_subcommands(sub) -> None:
     text = "write a Novella in the Bedrock Custom Model Import (or Hugging Face) layout"
     p = sub.add_parser("export", help=text, description=text)
     p.add_argument("source", help="a Novella folder, models:/NAME@ALIAS (or models:/NAME/VERSION), or an MLflow run id")
-    p.add_argument("--out", required=True, help="folder to write (replaced whole)")
+    p.add_argument("--out", required=True, help="a new folder to write (or, with --overwrite, an earlier export)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the folder at --out if an earlier forge export wrote it (never anything else)")
     p.add_argument("--format", choices=["bedrock", "hf"], default="bedrock",
                    help="bedrock: with Bedrock's checks; hf: the same layout without them")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -72,7 +74,7 @@ def run_export(args: argparse.Namespace) -> int:
     opts = ExportOptions(format=args.format, dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size),
                          model_name=args.model_name, job_name=args.job_name, role_arn=args.role_arn,
                          s3_uri=args.s3_uri.rstrip("/") + "/" if args.s3_uri else None,
-                         chat_template=template, verify=args.verify)
+                         chat_template=template, verify=args.verify, overwrite=args.overwrite)
     with tempfile.TemporaryDirectory(prefix="forge-export-") as work:
         src = resolve(args.source, args.tracking_uri, Path(work))
         export(src, Path(args.out), opts)

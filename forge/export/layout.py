@@ -3,7 +3,8 @@
 config.json for transformers 4.51.3, safetensors shards in bf16/fp16 with an index, the tokenizer
 files with the chat template inline, generation_config.json, MODEL_CARD.md, forge-manifest.json
 (sha256 of every file, lineage) and, given a role and an S3 URI, bedrock-import-job.json. Every
-check runs before anything is written, and the folder appears whole or not at all.
+check runs before anything is written (where --out may be: forge.export.destination), and the
+folder appears whole or not at all, its marker file written last.
 """
 from __future__ import annotations
 
@@ -22,13 +23,12 @@ import forge
 from forge.errors import ForgeError
 from forge.export import bedrock, compat
 from forge.export.card import model_card
+from forge.export.destination import JOB_REQUEST, MANIFEST, check_destination, write_marker
 from forge.export.source import Source, source_tensors, tensor_specs
-from forge.files import atomic_dir
+from forge.files import replace_dir
 from forge.lineage import Lineage
 from forge.scrub import scrub_dict
 
-MANIFEST = "forge-manifest.json"
-JOB_REQUEST = "bedrock-import-job.json"
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "spiece.model")
@@ -45,6 +45,7 @@ class ExportOptions:
     s3_uri: str | None = None
     chat_template: str | None = None   # replaces the model's (or the default, if it has none)
     verify: bool = False
+    overwrite: bool = False            # replace an earlier forge export at `out` (nothing else, ever)
 
 
 def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
@@ -52,9 +53,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     if opts.format not in ("bedrock", "hf") or opts.dtype not in TORCH:
         raise ForgeError(f"--format must be bedrock or hf and --dtype bf16 or fp16 (got {opts.format}, {opts.dtype})")
     is_bedrock = opts.format == "bedrock"
-    for folder in {src.folder, src.model_folder}:
-        if Path(out).resolve() == folder or folder.is_relative_to(Path(out).resolve()):
-            raise ForgeError(f"--out {out}: would replace the source {folder}; choose another folder")
+    real = check_destination(Path(out), {src.folder, src.model_folder}, opts.overwrite)
     config = json.loads((src.model_folder / "config.json").read_text())
     config_out, config_changes = compat.translate_config(config, opts.dtype)
     tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
@@ -76,7 +75,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
         bedrock.job_request(job, name, opts.role_arn, opts.s3_uri, bedrock.lineage_tags(src.lineage))
 
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with replace_dir(real, "forge-export") as tmp:
         n_params = _write_weights(src, tmp, opts, sizes)
         (tmp / "config.json").write_text(json.dumps(config_out, indent=2) + "\n")
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_out, indent=2) + "\n")
@@ -108,6 +107,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
         request = None
         if opts.role_arn and opts.s3_uri:
             request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
+        write_marker(tmp)
     log(f"exported {src.spec} -> {out} ({opts.format}, {opts.dtype}, {len(manifest['files'])} files, "
         f"{manifest['weight_bytes'] / 1e6:.1f} MB of weights)")
     _track(src, out, manifest, request, log)
