@@ -130,6 +130,7 @@ def test_scrub_removes_each_kind_and_keeps_ordinary_text(monkeypatch):
     text = scrub(f"{p['env']} " + _message(p) + f" http://u:{p['url_password']}@h:1/x?password={p['query_password']}")
     assert not [k for k, v in _needles(p).items() if v in text]
     assert "<env:AWS_SECRET_ACCESS_KEY>" in text and "http://u:***@h:1/x" in text
+    assert scrub(text) == text  # scrubbing twice changes nothing more (run.json is compared on --resume)
     ordinary = ("stage 1/2: cpt (pretrain) from /tmp/run/base; loss=2.345 tokens=3000000000 "
                 "sqlite:////tmp/run/mlflow.db http://127.0.0.1:5000 models:/tiny@champion run 0123abcd" * 2)
     assert scrub(ordinary) == ordinary
@@ -142,3 +143,22 @@ def test_scrub_tree_scrubs_strings_only_and_keeps_the_shape(monkeypatch):
             "b": {"url": "postgresql://me:hunter2@db:5432/x"}, "c": "false-but-long-enough"}
     assert scrub_tree(tree) == {"a": ["x <env:MY_SERVICE_TOKEN> y", 3000000000, 1.5, None, True],
                                 "b": {"url": "postgresql://me:***@db:5432/x"}, "c": "false-but-long-enough"}
+
+
+def test_resume_accepts_the_recipe_whose_secrets_run_json_scrubbed(tmp_path, monkeypatch):
+    from forge.recipe import load_recipe
+    from forge.rundir import RUN, RunFolder, recipe_fingerprint
+
+    monkeypatch.setenv("REWARD_API_TOKEN", "tok" + secrets.token_hex(12))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    recipe = base_recipe(tmp_path, stages=[{"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "seq_len": 64, "rewards": [
+        {"source": f"https://me:{os.environ['REWARD_API_TOKEN']}@127.0.0.1:9/score"}]}])
+    recipe["data"]["p"] = {"path": str(tmp_path / "p.jsonl")}
+    fingerprint = recipe_fingerprint(load_recipe(write_recipe(tmp_path / "r.yaml", recipe)))
+    with RunFolder.open(tmp_path / "out", fingerprint):
+        pass
+    stored = (tmp_path / "out" / RUN).read_text()
+    assert os.environ["REWARD_API_TOKEN"] not in stored and "https://me:***@127.0.0.1:9/score" in stored
+    again = recipe_fingerprint(load_recipe(tmp_path / "r.yaml"))
+    with RunFolder.open(tmp_path / "out", again, resume=True) as folder:  # an interrupted run, continued
+        assert folder.record["fingerprint"] == again
