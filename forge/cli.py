@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import signal
 import sys
+from pathlib import Path
 
 from forge.errors import ForgeError
 from forge.scrub import scrub
@@ -31,42 +33,47 @@ def _run(args) -> int:
     from forge.plan.report import assert_plans_fit, format_table
     from forge.plan.runlog import COMPARE_TARGETS
     from forge.train.accel import process_state
-    from forge.train.signals import StopRequested
 
+    # every refusal (the plan does not fit, no such pipeline, the folder in use or not startable)
+    # comes before any output or any write
     plans = plan_recipe(recipe)  # planned once per run: printed, checked, and logged by each stage
     comparison: dict[str, list] = {}
     for plan in plan_recipe(recipe, target=COMPARE_TARGETS):
         comparison.setdefault(plan.stage, []).append(plan)
+    warnings = assert_plans_fit(plans, force=args.force)
+    pipeline = _pipeline(args.recipe, recipe.pipeline)
     rank0 = process_state().is_main_process  # the same notion of rank the pipeline and stages use
-    if rank0:
-        print(format_table(plans), end="")
-    for warning in assert_plans_fit(plans, force=args.force):
-        print(f"forge: warning: --force given, running anyway: {warning}", file=sys.stderr)
-    try:
-        pipeline = importlib.import_module(f"pipelines.{recipe.pipeline}")
-    except ModuleNotFoundError as e:
-        if e.name not in ("pipelines", f"pipelines.{recipe.pipeline}"):
-            raise  # a dependency of the pipeline is missing: not the user's recipe
-        raise ForgeError(f"{args.recipe}: pipeline: no pipeline named {recipe.pipeline!r} (looked for pipelines/{recipe.pipeline}.py)") from None
     # a launcher stops the other ranks with SIGTERM when one fails: exit through Python so that
     # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
     # SIGTERM or SIGINT instead finishes the step and writes a checkpoint: forge.train.signals)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with _run_folder(recipe, args, process_state()) as folder:
+        if rank0:  # what it decided is done now, after every refusal; the other ranks then follow
+            if not folder.finished_before:
+                folder.begin(log=lambda msg: print(msg, file=sys.stderr))
+            process_state().wait_for_everyone()
+        if folder.finished_before:
+            if not rank0:
+                return 0
+            print(f"forge: {recipe.output} holds a finished run (started {folder.record.get('started')}): "
+                  f"nothing to resume, nothing changed; its Novella: {Path(recipe.output) / 'novella'} "
+                  "(add --overwrite to run it again)", file=sys.stderr)
+            return 0
+        if rank0:
+            print(format_table(plans), end="")
+        for warning in warnings:
+            print(f"forge: warning: --force given, running anyway: {warning}", file=sys.stderr)
         try:
             tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
                                     on_error=recipe.tracking.on_error, system_metrics=recipe.tracking.system_metrics)
-        except ForgeError:
-            folder.forget()  # nothing ran: the folder stays as it was
-            raise
-        try:
-            result = pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
-                                  log=print if rank0 else (lambda *_: None), resume=args.resume, folder=folder)
-        except StopRequested as e:
-            if rank0:
-                again = " ".join(["forge", "run", args.recipe, *args.overrides, "--resume"])
-                print(f"forge: {e}\n  continue with: {again}", file=sys.stderr)
-            return 130
+            result = _run_pipeline(pipeline, recipe, tracker, (plans, comparison), args, folder)
+        except BaseException as e:
+            if rank0 and isinstance(e, ForgeError) and not folder.resumable():
+                folder.forget()  # bad input before anything resumable: the folder stays startable as it was
+            code = _stopped(e, args, rank0)
+            if code is None:
+                raise
+            return code
         if rank0:
             folder.finish()
     if rank0:
@@ -81,6 +88,47 @@ def _run(args) -> int:
     return 0
 
 
+def _pipeline(recipe_path: str, name: str):
+    """The pipeline module a recipe names (pipelines/NAME.py)."""
+    try:
+        return importlib.import_module(f"pipelines.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("pipelines", f"pipelines.{name}"):
+            raise  # a dependency of the pipeline is missing: not the user's recipe
+        raise ForgeError(f"{recipe_path}: pipeline: no pipeline named {name!r} (looked for pipelines/{name}.py)") from None
+
+
+def _run_pipeline(pipeline, recipe, tracker, planned: tuple, args, folder):
+    """The pipeline's run with the plans made once (printed by rank 0, whose tracker is enabled)."""
+    plans, comparison = planned
+    return pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
+                        log=print if tracker.enabled else (lambda *_: None), resume=args.resume, folder=folder)
+
+
+def resume_command(args) -> str:
+    """The command that continues this run, quoted for a POSIX shell (paths and overrides may hold
+    spaces, quotes or `$(...)`: pasted back, they are words, never code)."""
+    return shlex.join(["forge", "run", args.recipe, *args.overrides, "--resume"])
+
+
+def _stopped(e: BaseException, args, rank0: bool) -> int | None:
+    """A run stopped on a signal (a checkpoint written, or in data preparation, evaluation or
+    registration): say how to continue it; the exit status (None: not a stop, re-raise)."""
+    from forge.train.signals import StopRequested
+
+    if isinstance(e, StopRequested):
+        why, code = str(e), 130
+    elif isinstance(e, SystemExit) and e.code == 128 + signal.SIGTERM:
+        why, code = "stopped by SIGTERM before the run finished", 128 + signal.SIGTERM
+    elif isinstance(e, KeyboardInterrupt):
+        why, code = "interrupted before the run finished", 130
+    else:
+        return None
+    if rank0:
+        print(f"forge: {why}\n  continue with: {resume_command(args)}", file=sys.stderr, flush=True)
+    return code
+
+
 def ui_command(recipe_path: str, recipe, overrides: list[str]) -> str:
     """The `forge ui` line that opens this recipe's runs (overrides may have moved its store)."""
     from shlex import quote
@@ -91,17 +139,15 @@ def ui_command(recipe_path: str, recipe, overrides: list[str]) -> str:
 
 
 def _run_folder(recipe, args, state):
-    """Rank 0 locks the output folder and checks what it holds; the other ranks follow it."""
+    """Rank 0 locks the output folder and decides what it may do with what it holds (writing
+    nothing yet: RunFolder.begin does); the other ranks follow it once rank 0 has begun."""
     from forge.rundir import RunFolder, follower, recipe_fingerprint
 
     if not state.is_main_process:
         state.wait_for_everyone()
         return follower(recipe.output)
-    folder = RunFolder.open(recipe.output, recipe_fingerprint(recipe), resume=args.resume, restart=args.restart,
-                            overwrite=args.overwrite, allow_changed=args.allow_changed,
-                            log=lambda msg: print(msg, file=sys.stderr))
-    state.wait_for_everyone()
-    return folder
+    return RunFolder.claim(recipe.output, recipe_fingerprint(recipe), resume=args.resume, restart=args.restart,
+                           overwrite=args.overwrite, allow_changed=args.allow_changed)
 
 
 def _report_evaluation(ev) -> list:

@@ -1,9 +1,12 @@
 """The output folder of a run, kept usable: one run at a time holds it (an exclusive lock for the
 run's lifetime), it records which run it holds (`run.json`: identity, status, fingerprints of the
 resolved recipe, the data and the base), and `forge run` decides from that record whether it may
-start, continue (`--resume`) or discard (`--restart`, `--overwrite`) what is there.
+start, continue (`--resume`, an interrupted run) or discard (`--restart` an interrupted run,
+`--overwrite` a finished one) what is there. It discards only what forge wrote: the run's outputs
+in a folder whose run.json forge wrote; any other folder is refused, naming what is there.
 
-    run.json  {"run_id", "status": "running" | "finished", "started", "fingerprint": {dotted field: value}}
+    run.json  {"written_by": "forge", "run_id", "status": "running" | "finished", "started",
+               "fingerprint": {dotted field: value}}
 """
 from __future__ import annotations
 
@@ -76,10 +79,17 @@ def changes(old: dict, new: dict) -> list[str]:
 
 
 class RunFolder:
-    """An output folder held by this process (use as a context manager; the lock goes with it)."""
+    """An output folder held by this process (use as a context manager; the lock goes with it).
+
+    `claim` locks the folder and decides, refusing before anything is written; `begin` then does
+    what was decided (discards the old run's outputs, writes run.json). `open` does both."""
 
     def __init__(self, out: Path, record: dict, lock_fd: int | None, allow_changed: bool = False):
         self.out, self.record, self._fd, self.allow_changed = Path(out), record, lock_fd, allow_changed
+        self.finished_before = False  # --resume of a finished run: nothing to do, nothing changes
+        self.fresh = False            # a new run (not a continued one)
+        self._discard: tuple[str, str] | None = None  # ("finished" | "interrupted", started) of a run to discard
+        self.changed: list[str] = []  # --resume --allow-changed: the recipe's changes, said when the run begins
 
     @property
     def run_id(self) -> str:
@@ -88,75 +98,97 @@ class RunFolder:
     @classmethod
     def open(cls, out, fingerprint: dict, resume: bool = False, restart: bool = False,
              overwrite: bool = False, allow_changed: bool = False, log=print) -> "RunFolder":
-        """Lock `out` and decide what this run may do with what it holds (raises a ForgeError when
-        the folder is in use, or holds a run the flags do not say what to do with)."""
+        """`claim` and `begin` in one."""
+        folder = cls.claim(out, fingerprint, resume, restart, overwrite, allow_changed)
+        try:
+            return folder.begin(log)
+        except BaseException:
+            folder.close()
+            raise
+
+    @classmethod
+    def claim(cls, out, fingerprint: dict, resume: bool = False, restart: bool = False,
+              overwrite: bool = False, allow_changed: bool = False) -> "RunFolder":
+        """Lock `out` and decide what this run may do with what it holds, writing nothing but the
+        lock (raises a ForgeError when the folder is in use, is not forge's, or holds a run the
+        flags do not say what to do with)."""
         out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise ForgeError(f"output: {out} is a file, not a folder; choose another output")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ForgeError(f"output: cannot write {out}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise ForgeError(f"output: {out} is in use by another forge run ({holder}); wait for it to end "
-                             "or choose another output") from None
+        fd = lock_folder(out)
         try:
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                      "started": _now(), "command": scrub(" ".join(sys.argv))}).encode())
-            record = cls._decide(out, fingerprint, resume, restart, overwrite, allow_changed, log)
+            folder = cls(out, {}, fd, allow_changed)
+            folder._decide(fingerprint, resume, restart, overwrite)
         except BaseException:
             os.close(fd)  # releases the lock
             raise
-        folder = cls(out, record, fd, allow_changed)
-        folder.fresh = _read_record(out) is None or record["run_id"] != _read_record(out).get("run_id")
-        folder._save()
         return folder
 
-    @staticmethod
-    def _decide(out: Path, fingerprint: dict, resume, restart, overwrite, allow_changed, log) -> dict:
-        previous = _read_record(out)
-        if previous is None and any((out / name).exists() for name in RUN_OUTPUTS):
-            previous = {"status": "running", "started": "unknown (a folder without run.json)"}
-        fresh = {"run_id": uuid.uuid4().hex, "status": "running", "started": _now(), "fingerprint": fingerprint}
-        if previous is None:
-            return fresh
-        finished = previous["status"] == "finished"
-        if restart or overwrite:
-            if resume:
-                raise ForgeError("--resume continues the run in the folder; --restart and --overwrite discard it: "
-                                 "give one of them")
+    def begin(self, log=print) -> "RunFolder":
+        """Do what `claim` decided: discard the earlier run's outputs (only forge's: RUN_OUTPUTS of
+        a folder whose run.json forge wrote), record this run in run.json."""
+        if self.finished_before:
+            return self
+        if self._discard is not None:
             for name in RUN_OUTPUTS:
-                target = out / name
+                target = self.out / name
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-            log(f"discarding the {'finished' if finished else 'interrupted'} run in {out} (started {previous['started']})")
-            return fresh
+            log(f"discarding the {self._discard[0]} run in {self.out} (started {self._discard[1]})")
+            self._discard = None
+        if self.changed:
+            log("forge: warning: --allow-changed: resuming with a changed recipe:\n  " + "\n  ".join(self.changed))
+        previous = _read_record(self.out)
+        self.fresh = previous is None or previous.get("run_id") != self.record["run_id"]
+        self._save()
+        return self
+
+    def _decide(self, fingerprint: dict, resume: bool, restart: bool, overwrite: bool) -> None:
+        out = self.out
+        previous = _read_record(out)
+        if previous is None:
+            found = sorted(f"{n}/" if (out / n).is_dir() else n for n in RUN_OUTPUTS if (out / n).exists())
+            if found:
+                raise ForgeError(f"output: {out} is not a forge run folder (no {RUN}) but holds {', '.join(found)}; "
+                                 "forge discards only what it wrote: choose another output, or move them aside")
+        elif not _is_forge_record(previous):
+            raise ForgeError(f"output: {out / RUN} was not written by forge; forge discards only what it wrote: "
+                             "choose another output, or move it aside")
+        fresh = {"written_by": "forge", "run_id": uuid.uuid4().hex, "status": "running", "started": _now(),
+                 "fingerprint": fingerprint}
+        self.record = fresh
+        if previous is None:
+            return
+        started, finished = previous["started"], previous["status"] == "finished"
+        if resume and (restart or overwrite):
+            raise ForgeError("--resume continues the run in the folder; --restart and --overwrite discard it: "
+                             "give one of them")
+        if finished and restart:
+            raise ForgeError(f"output: {out} holds a finished run (started {started}); --restart discards an "
+                             "interrupted run only: add --overwrite to replace the finished one, or choose another output")
+        if restart or overwrite:
+            self._discard = ("finished" if finished else "interrupted", started)
+            return
+        if finished and resume:
+            self.record, self.finished_before = previous, True
+            return
         if not resume:
             if finished:
-                raise ForgeError(f"output: {out} holds a finished run (started {previous['started']}); "
+                raise ForgeError(f"output: {out} holds a finished run (started {started}); "
                                  "add --overwrite to replace it, or choose another output")
-            raise ForgeError(f"output: {out} holds an interrupted run (started {previous['started']}); "
+            raise ForgeError(f"output: {out} holds an interrupted run (started {started}); "
                              "add --resume to continue it, or --restart to discard it and start over")
-        if "run_id" not in previous:
-            if not allow_changed:
-                raise ForgeError(f"output: {out} holds a run without a recorded recipe; --resume cannot check it "
-                                 "is the same recipe: add --allow-changed to continue it anyway, or --restart")
-            return {**fresh, "run_id": uuid.uuid4().hex}
         diff = changes({k: v for k, v in previous.get("fingerprint", {}).items() if not k.startswith(_INPUT)},
                        fingerprint)
         if diff:
-            if not allow_changed:
+            if not self.allow_changed:
                 raise ForgeError("--resume: the recipe changed since the run started:\n" + "\n".join(diff) +
                                  "\nrun the recipe it started with, add --allow-changed to continue with the "
-                                 "changes, or --restart")
-            log("forge: warning: --allow-changed: resuming with a changed recipe:\n  " + "\n  ".join(diff))
+                                 "changes, or --restart to discard the run and start over")
+            self.changed = diff
         inputs = {k: v for k, v in previous.get("fingerprint", {}).items() if k.startswith(_INPUT)}
-        return {**previous, "status": "running", "fingerprint": {**fingerprint, **inputs}}
+        self.record = {**previous, "written_by": "forge", "status": "running",
+                       "fingerprint": {**fingerprint, **inputs}}
 
     def check_inputs(self, fingerprints: dict[str, str]) -> None:
         """Record the data and base fingerprints ({'data.<name>' | 'base': sha256}); when the run
@@ -173,10 +205,18 @@ class RunFolder:
         self._save()
 
     def forget(self) -> None:
-        """A fresh run that failed before any work (e.g. an unusable store): leave no record of it,
-        so that the folder does not look like an interrupted run."""
-        if getattr(self, "fresh", False):
-            (self.out / RUN).unlink(missing_ok=True)
+        """A fresh run that failed before any stage started (an unusable store, a data error):
+        leave no record of it (run.json, the resolved recipe), so that the folder does not look
+        like an interrupted run and starts again without --resume or --restart."""
+        if self.fresh:
+            for name in (RUN, "recipe.resolved.yaml"):
+                (self.out / name).unlink(missing_ok=True)
+
+    def resumable(self) -> bool:
+        """Whether the folder holds anything a --resume continues from: a stage's final output or
+        a checkpoint (forge.train.checkpoint's `stages/NAME/checkpoints/step-N`)."""
+        stages = self.out / "stages"
+        return any(stages.glob("*/final")) or any(stages.glob("*/checkpoints/step-*[0-9]"))
 
     def finish(self) -> None:
         self.record["status"] = "finished"
@@ -207,7 +247,52 @@ def follower(out) -> RunFolder:
     record = _read_record(Path(out))
     if record is None or "run_id" not in record:
         raise ForgeError(f"output: {out}/{RUN} is missing; rank 0 should have written it")
-    return RunFolder(Path(out), record, None)
+    folder = RunFolder(Path(out), record, None)
+    folder.finished_before = record.get("status") == "finished"  # rank 0 began no run: --resume of a finished one
+    return folder
+
+
+def lock_folder(out: Path) -> int:
+    """Create `out` if needed and take its lock (exclusive, held until the returned descriptor is
+    closed); a ForgeError naming the holder's pid when another process holds it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ForgeError(f"output: {out} is a file, not a folder; choose another output")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ForgeError(f"output: cannot write {out}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        who = _read_holder(fd)
+        os.close(fd)
+        raise ForgeError(f"output: {out} is in use by another forge run ({who}); wait for it to end "
+                         "or choose another output") from None
+    return fd
+
+
+def holder(out: Path) -> str | None:
+    """Who holds `out`'s lock ('pid N on HOST, since T'), or None when no process does; takes and
+    writes nothing."""
+    try:
+        fd = os.open(Path(out) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)
+    return None
+
+
+def _is_forge_record(record: dict) -> bool:
+    """run.json as forge writes it (forge before `written_by` wrote the same fields without it)."""
+    legacy = {"run_id", "status", "started", "fingerprint"} <= set(record)
+    return (record.get("written_by") == "forge" or legacy) and record.get("status") in ("running", "finished")
 
 
 def _read_record(out: Path) -> dict | None:
@@ -218,7 +303,7 @@ def _read_record(out: Path) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ForgeError(f"output: {path} is unreadable ({e}); move it aside, or --restart") from None
-    return record if isinstance(record, dict) and "status" in record else None
+    return record if isinstance(record, dict) else {}  # {}: a run.json forge did not write
 
 
 def _read_holder(fd: int) -> str:

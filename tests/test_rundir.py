@@ -133,3 +133,78 @@ def test_cli_resume_refuses_changed_data(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "inputs changed" in err and "data.notes" in err and "data.general" not in err
     assert cli.main(["run", str(path), "--resume", "--allow-changed"]) == 0
+
+
+# ---------------------------------------------------------------- issue 18: items 2 and 13
+def test_restart_and_overwrite_refuse_a_folder_forge_did_not_write(tmp_path):
+    out = tmp_path / "mine"
+    (out / "stages").mkdir(parents=True)
+    (out / "stages" / "thesis.tex").write_text("years of work")
+    (out / "novella").mkdir()
+    for flags in ({"restart": True}, {"overwrite": True}, {}, {"resume": True}):
+        with pytest.raises(ForgeError, match=r"not a forge run folder.*novella/.*stages/"):
+            _open(out, **flags)
+    assert (out / "stages" / "thesis.tex").read_text() == "years of work"
+    (out / "run.json").write_text(json.dumps({"status": "finished", "tool": "someone else's"}))
+    with pytest.raises(ForgeError, match=r"run\.json.*not written by forge"):
+        _open(out, overwrite=True)
+    assert (out / "stages" / "thesis.tex").is_file() and (out / "novella").is_dir()
+
+
+def test_restart_applies_to_interrupted_runs_only(tmp_path):
+    out = tmp_path / "out"
+    with _open(out) as folder:
+        (out / "stages" / "cpt").mkdir(parents=True)
+        folder.finish()
+    with pytest.raises(ForgeError, match=r"finished run.*--restart discards an interrupted run.*--overwrite"):
+        _open(out, restart=True)
+    assert (out / "stages" / "cpt").is_dir()
+
+
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)])
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 0
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    before = (tmp_path / "out" / "run.json").read_bytes()
+    versions = len(mlflow.MlflowClient().search_model_versions("name='tiny'"))
+    runs = len(mlflow.search_runs(experiment_names=["tiny"], output_format="list"))
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "finished" in captured.err and "--overwrite" in captured.err and captured.out == ""
+    assert (tmp_path / "out" / "run.json").read_bytes() == before
+    assert len(mlflow.MlflowClient().search_model_versions("name='tiny'")) == versions == 1
+    assert len(mlflow.search_runs(experiment_names=["tiny"], output_format="list")) == runs
+
+
+def test_second_run_is_refused_before_the_plan_is_printed(tmp_path, capsys):
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)], tracking={"register_model": False})
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold, args=(tmp_path / "out", ready, done))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        assert cli.main(["run", str(path)]) == 2
+    finally:
+        done.set()
+        proc.join(30)
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"pid {proc.pid}" in captured.err
+
+
+def test_a_data_error_before_training_leaves_the_folder_startable(tmp_path, capsys):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text('{"body": "no text field here"}\n' * 20)
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2, mixture={"general": 0.5, "notes": 0.5})],
+                         tracking={"register_model": False})
+    recipe["data"]["notes"] = {"path": str(bad)}
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["run", str(path)]) == 2
+    assert "notes" in capsys.readouterr().err
+    bad.write_text("".join(json.dumps({"text": f"note {i}: the valve opens at dawn."}) + "\n" for i in range(50)))
+    assert cli.main(["run", str(path)]) == 0  # nothing had started: no --resume, no --restart needed
