@@ -64,3 +64,43 @@ def test_file_system_refusal_is_one_line(monkeypatch, capsys):
     assert cli.main(["validate", "r.yaml"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("forge: error: /runs/x/novella.partial: Read-only file system") and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------- issue 18: item 8
+import os  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("where", ["prepare_inputs", "finish_novella"])  # data preparation; evaluation + registry
+def test_sigterm_outside_training_prints_a_quoted_resume_hint_that_works(tmp_path, monkeypatch, capsys, where):
+    import pipelines.novella as novella
+
+    odd = tmp_path / "x $(touch pwned) 'q"
+    odd.mkdir()
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)])
+    path = write_recipe(odd / "r.yaml", recipe)
+    real = getattr(novella, where)
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(novella, where, terminated)
+            assert cli.main(["run", str(path), "stages[0].seed=3"]) == 143
+        err = capsys.readouterr().err
+        hint = err.split("continue with: ", 1)[1].splitlines()[0]
+        shown = subprocess.run(["bash", "-c", "printf '%s\\n' " + hint.removeprefix("forge ")], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60).stdout.splitlines()
+        assert shown == ["run", str(path), "stages[0].seed=3", "--resume"]
+        assert not (tmp_path / "pwned").exists()
+        assert cli.main(shlex.split(hint)[1:]) == 0  # the printed command continues the run
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "finished"

@@ -33,3 +33,63 @@ def short(prompts, completions, **fields):
 
 def with_fields(prompts, completions, answer, **fields):
     return [float(a == "x") for a in answer]
+
+
+def hangs_forever(prompts, completions, **fields):
+    time.sleep(10**6)
+
+
+def exits(prompts, completions, **fields):
+    import sys
+    sys.exit(3)
+
+
+def hard_exit(prompts, completions, **fields):
+    import os
+    os._exit(3)
+
+
+def segfault(prompts, completions, **fields):
+    import ctypes
+    ctypes.string_at(0)
+
+
+def numpy_scores(prompts, completions, **fields):
+    import numpy as np
+    return np.array([0.5] * len(completions), dtype=np.float32)
+
+
+def numpy_scalars(prompts, completions, **fields):
+    import numpy as np
+    return [np.float32(0.5) if i % 2 else np.int64(1) for i in range(len(completions))]
+
+
+def numpy_bools(prompts, completions, **fields):
+    import numpy as np
+    return [np.bool_(True)] * len(completions)
+
+
+def chaos(prompts, completions, mode, **fields):
+    """The fuzz test's reward: each call misbehaves as its `mode` field says."""
+    import os
+    import sys
+    n, how = len(completions), mode[0]
+    if how == "hang":
+        time.sleep(10**6)
+    if how == "exit":
+        sys.exit(3)
+    if how == "hard_exit":
+        os._exit(4)
+    if how == "raise":
+        raise ValueError("chaos")
+    if how == "type":
+        return {"scores": [0.0] * n}
+    if how == "length":
+        return [0.0] * (n + 1)
+    if how == "nan":
+        return [math.nan] * n
+    if how == "string":
+        return ["0.5"] * n
+    if how == "huge":
+        return [0.0] * (n + 3_000_000)
+    return [0.0] * n
