@@ -222,3 +222,37 @@ def test_a_settings_class_defined_here_is_a_stage_kind_the_recipe_accepts(tmp_pa
     finally:
         SETTINGS.pop("echo", None)
     assert "echo" not in stage_kinds()
+
+
+# ------------------------------------------------------------------ issue 18: items 10 and 11
+def test_a_5000_deep_override_is_one_line(tmp_path, capsys):
+    from forge import cli
+
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path))
+    assert cli.main(["validate", str(path), "a" + ".a" * 5000 + "=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forge: error: override 'a.a.a") and "levels deep" in err and "unexpected" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_validate_lists_the_code_a_recipe_runs(tmp_path, capsys):
+    from forge import cli
+
+    (tmp_path / "score.py").write_text("def length(prompts, completions, **kw):\n    return [1.0] * len(prompts)\n")
+    (tmp_path / "judge.py").write_text("def figure(model, tokenizer, sources, device):\n    return 1.0\n")
+    recipe = base_recipe(tmp_path)
+    recipe["data"]["prompts"] = {"generate": {"kind": "facts", "documents": 50, "seed": 2}}
+    recipe["stages"].append({"name": "rl", "kind": "rft", "data": ["prompts"], "prompt_field": "text",
+                             "max_steps": 1, "batch_size": 2, "group": 2, "seq_len": 64,
+                             "rewards": [{"source": "score.py:length"},
+                                         {"source": "https://alice:hunter2@127.0.0.1:9/score"},
+                                         {"source": "lambda:grader"}]})
+    recipe["eval"] = {"custom": ["judge.py:figure"], "reward": {"rewards": [{"source": "json:loads"}]}}
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["validate", str(path)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"stages[1].rewards[0]: {tmp_path / 'score.py'}:length" in out
+    assert "stages[1].rewards[1]: https://alice:***@127.0.0.1:9/score" in out and "hunter2" not in out
+    assert "stages[1].rewards[2]: lambda:grader (AWS Lambda)" in out
+    assert f"eval.custom[0]: {tmp_path / 'judge.py'}:figure" in out
+    assert "eval.reward.rewards[0]: json:loads (module json" in out

@@ -98,6 +98,12 @@ def format_errors(err: ValidationError, root: type[BaseModel], where: str, lines
 
 # --------------------------------------------------------------------------------- overrides
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+MAX_DEPTH = 32  # a recipe's deepest field is a few levels down; a deeper key is a mistake, not a field
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """`text` quoted for a message, shortened to `limit` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def parse_path(key: str) -> tuple:
@@ -106,7 +112,10 @@ def parse_path(key: str) -> tuple:
     for name, index in _PART.findall(key):
         parts.append(int(index) if index else (int(name) if name.isdigit() else name))
     if not parts or "".join(str(p) for p in parts) == "":
-        raise ForgeError(f"override {key!r}: empty key")
+        raise ForgeError(f"override {_shown(key)}: empty key")
+    if len(parts) > MAX_DEPTH:
+        raise ForgeError(f"override {_shown(key)}: {len(parts)} levels deep; recipe fields are at most "
+                         f"{MAX_DEPTH} levels deep (e.g. stages[0].optim.lr)")
     return tuple(parts)
 
 
