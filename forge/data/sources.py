@@ -30,6 +30,9 @@ _SUFFIX_FORMAT = {
 }
 
 
+_BINARY = ("parquet", "arrow")  # read by pyarrow / datasets from the file itself, never through gzip
+
+
 @dataclass(frozen=True)
 class Source:
     """A resolved data source: its files, how to read them, and its fingerprint."""
@@ -103,6 +106,9 @@ class Source:
         fmt = _SUFFIX_FORMAT.get(_suffix(path))
         if fmt is None:
             raise ForgeError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; set data.{self.name}.format")
+        if fmt in _BINARY and _gz(path):
+            raise ForgeError(f"{path}: a gzip-compressed {fmt} file is not read ({fmt} compresses inside the file); "
+                             "decompress it (gunzip)")
         return fmt
 
     def _text(self, row: dict, path: Path, line: int) -> str:
@@ -188,11 +194,22 @@ def _read_file(path: Path, fmt: str, split: str, fields: tuple[str, ...] = (), n
         raise ForgeError(f"{path}: not a readable {fmt} file: {e}") from None
 
 
+def _gz(path: Path) -> bool:
+    return path.suffix.lower() == ".gz"
+
+
+def _open_text(path: Path, newline: str | None = None):
+    """A text file as UTF-8, decompressed on the fly when it ends in .gz (every text format)."""
+    if _gz(path):
+        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    return open(path, encoding="utf-8", newline=newline)
+
+
 def _utf8_error(path: Path) -> ForgeError:
     """Find the first bad byte by line (text readers decode in 8 KB chunks, so their offset is
     not the file's); only runs once reading has already failed."""
     offset = 0
-    with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as f:
+    with (gzip.open(path, "rb") if _gz(path) else open(path, "rb")) as f:
         for i, raw in enumerate(f, start=1):
             try:
                 raw.decode("utf-8")
@@ -207,7 +224,7 @@ def _read_csv(path: Path, fields: tuple[str, ...], name: str) -> Iterator[tuple[
     """Rows as dicts by header; a row whose column count differs from the header's comes as a
     ForgeError naming its first line (quoted fields may span lines, so lines are counted by csv)."""
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long document is one big field
-    with open(path, encoding="utf-8", newline="") as f:
+    with _open_text(path, newline="") as f:
         reader = csv.reader(f)
         try:
             header = next(reader, None)
@@ -232,7 +249,7 @@ def _read_csv(path: Path, fields: tuple[str, ...], name: str) -> Iterator[tuple[
 
 
 def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
-    with open(path, encoding="utf-8") as f:
+    with _open_text(path) as f:
         if split == "file":
             text = f.read()
             if text.strip():
@@ -259,7 +276,7 @@ def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
     """Rows, or a ForgeError in place of a bad line (the caller fails or skips it)."""
-    with (gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")) as f:
+    with (gzip.open(path, "rb") if _gz(path) else open(path, "rb")) as f:
         for i, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
@@ -281,7 +298,8 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
 
 def _read_json(path: Path) -> Iterator[tuple[int, dict]]:
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        with _open_text(path) as f:
+            rows = json.loads(f.read())
     except json.JSONDecodeError as e:
         raise ForgeError(f"{path}:line {e.lineno}: malformed JSON ({e.msg})") from None
     except (ValueError, RecursionError) as e:  # digits past int's limit, nesting past the stack
