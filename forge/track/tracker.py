@@ -176,12 +176,28 @@ class MlflowTracker:
 
     # ------------------------------------------------------------------- params, metrics
     def log_params(self, params: dict[str, Any]) -> None:
+        """Log params into the active run. MLflow refuses to change a param: a value that differs
+        from the one the run already has is a ForgeError naming both (the same value again is a
+        no-op), so nothing is kept with a different value silently."""
         if not self.enabled:
             return
-        flat = {k[:MAX_PARAM_KEY]: scrub(v)[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
-        items = list(flat.items())
+        flat = {k[:MAX_PARAM_KEY]: v[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
+        active = self._mlflow.active_run()
+        run_id = active.info.run_id if active is not None else "(new)"
+        existing = self._params_of(run_id) if active is not None else {}
+        conflicts = param_conflicts(existing, flat)
+        if conflicts:
+            raise ForgeError(f"MLflow run {run_id}: " + "; ".join(f"param {c}" for c in conflicts) +
+                             ": params cannot change in a run; log the new figures under a new run")
+        items = [(k, v) for k, v in flat.items() if k not in existing]
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self._call("params", self._mlflow.log_params, dict(items[i:i + PARAMS_PER_BATCH]))
+
+    def _params_of(self, run_id: str) -> dict[str, str]:
+        try:
+            return dict(self._mlflow.MlflowClient().get_run(run_id).data.params)
+        except Exception:  # the store is failing: the calls that follow fail or buffer, as configured
+            return {}
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if not self.enabled or not metrics:
@@ -205,11 +221,10 @@ class MlflowTracker:
         table = self._summaries.setdefault(run_id, {}).setdefault(section, {})
         new = {k: v for k, v in shown.items() if table.get(k) != v}
         table.update(shown)
-        try:
-            params = self._mlflow.MlflowClient().get_run(run_id).data.params
-        except Exception:  # the store is failing: the calls below fail or buffer, as configured
-            params = {}
-        # a param cannot change once logged (a resumed run): a changed figure stays in the table only
+        params = self._params_of(run_id)
+        # a param cannot change once logged (a resumed run): the changed figure goes to the table,
+        # and the run says which params kept their earlier value (a tag, and a line on stderr)
+        self._say_kept(run_id, param_conflicts(params, {f"{section}.{k}": v for k, v in new.items()}))
         fresh = [(f"{section}.{k}"[:MAX_PARAM_KEY], v[:MAX_PARAM_VALUE]) for k, v in new.items()
                  if f"{section}.{k}" not in params]
         for i in range(0, len(fresh), PARAMS_PER_BATCH):
@@ -217,6 +232,22 @@ class MlflowTracker:
         if new:
             rows = {"section": [section] * len(new), "name": list(new), "value": list(new.values())}
             self._call("summary", self._log_table, rows, "summary.json", run_id)  # values scrubbed above
+
+    def _say_kept(self, run_id: str, kept: list[str]) -> None:
+        """Params that keep their earlier value while the summary table has the new one."""
+        if not kept:
+            return
+        print(f"forge: note: MLflow run {run_id} keeps its earlier params ({'; '.join(kept)}): params cannot "
+              "change in a run; the new figures are in its summary.json", file=sys.stderr)
+        previous = self._tags_of(run_id).get(KEPT_TAG, "")
+        text = "; ".join(x for x in [previous, *kept] if x)
+        self._call("tags", self._mlflow.MlflowClient().set_tag, run_id, KEPT_TAG, text[:5000])
+
+    def _tags_of(self, run_id: str) -> dict[str, str]:
+        try:
+            return dict(self._mlflow.MlflowClient().get_run(run_id).data.tags)
+        except Exception:
+            return {}
 
     def _log_params_to(self, run_id: str, params: list[tuple[str, str]]) -> None:
         from mlflow.entities import Param
@@ -322,6 +353,20 @@ def _signals_deferred() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)
+
+
+KEPT_TAG = "forge.params_kept"  # params a run kept with their earlier value ("name: old (now new); ...")
+
+
+def param_conflicts(existing: dict[str, str], new: dict[str, str]) -> list[str]:
+    """'name: old (now new)' for each param in both whose value differs (as MLflow stores it:
+    keys and values cut to MLflow's lengths)."""
+    out = []
+    for key, value in new.items():
+        k, v = key[:MAX_PARAM_KEY], str(value)[:MAX_PARAM_VALUE]
+        if k in existing and existing[k] != v:
+            out.append(f"{k}: {existing[k]} (now {v})")
+    return out
 
 
 def null_tracker() -> MlflowTracker:
