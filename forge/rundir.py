@@ -115,9 +115,7 @@ class RunFolder:
         out = Path(out)
         fd = lock_folder(out)
         try:
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                     "started": _now(), "command": scrub(" ".join(sys.argv))}).encode())
+            write_holder(fd)
             folder = cls(out, {}, fd, allow_changed)
             folder._decide(fingerprint, resume, restart, overwrite)
         except BaseException:
@@ -271,6 +269,13 @@ def lock_folder(out: Path) -> int:
         raise ForgeError(f"output: {out} is in use by another forge run ({who}); wait for it to end "
                          "or choose another output") from None
     return fd
+
+
+def write_holder(fd: int) -> None:
+    """Say in the lock file who holds it (pid, host, since when, the command line)."""
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": _now(), "command": scrub(" ".join(sys.argv))}).encode())
 
 
 def holder(out: Path) -> str | None:

@@ -8,11 +8,13 @@
 
 Deltas are against the first model. --json / --markdown / --chart write the table as JSON,
 Markdown and a PNG; the recipe's gates are checked on the last model, and --strict exits 1 if
-one fails. With a recipe whose run is tracked, the parent MLflow run gets the table and chart
-and each stage's run its own figures.
+one fails. With a recipe, the run's folder is refused while a `forge run` holds it (and held
+while evaluating); when the run is tracked, the evaluation is an MLflow run of its own, nested
+under the run's parent: its figures, the table and the chart (the run's own runs are not changed).
 """
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -78,49 +80,82 @@ def _models_arg(text: str) -> dict[str, Path]:
     return models
 
 
-def _recipe_models(recipe, base: Path) -> dict[str, Path]:
-    from forge.eval.finish import NOVELLA, START
+def _run_outputs(recipe) -> dict[str, Path]:
+    """Each finished stage's output and the Novella in the recipe's output folder (reading only:
+    a folder that holds none is refused before anything is written into it)."""
+    from forge.eval.finish import NOVELLA
 
     out = Path(recipe.output)
-    models = {START: base}
+    models: dict[str, Path] = {}
     novella = (out / "novella" / "config.json").is_file()
     for stage in recipe.stages[:-1] if novella else recipe.stages:  # the last one's output is the Novella
         if (out / "stages" / stage.name / "final" / "config.json").is_file():
             models[stage.name] = out / "stages" / stage.name / "final"
     if novella:
         models[NOVELLA] = out / "novella"
-    if len(models) == 1:
+    if not models:
         raise ForgeError(f"{out}: no stage output or Novella to evaluate yet; run `forge run` first")
     return models
 
 
+def _hold(recipe) -> int:
+    """Refuse a folder a `forge run` holds (naming its pid) or that holds no run, before writing
+    anything; then hold its lock for the evaluation (a run cannot start meanwhile)."""
+    from forge.rundir import holder, lock_folder, write_holder
+
+    out = Path(recipe.output)
+    who = holder(out)
+    if who is not None:
+        raise ForgeError(f"output: {out} is in use by a running forge run ({who}); evaluate it when the run ends")
+    _run_outputs(recipe)
+    fd = lock_folder(out)
+    write_holder(fd)
+    return fd
+
+
 def run(args) -> int:
-    from forge.eval.finish import NOVELLA, Evaluation, log_comparison
-    from forge.eval.gates import check_gates
-    from forge.eval.report import format_table, plot, to_markdown, write_json
-    from forge.eval.suite import primary_metric, resolve_suite, run_suite
+    from forge.eval.suite import resolve_suite
 
     if bool(args.recipe) == bool(args.models):
         raise ForgeError("give a recipe, or --models with --suite")
     quiet_libraries()
-    tracked = None
     if args.recipe:
-        from forge.inputs import prepare_inputs
         from forge.recipe import load_recipe
-        from forge.track.runs import RunIds
 
         recipe = load_recipe(args.recipe, args.overrides)
-        inputs = prepare_inputs(recipe, Path(recipe.output))
-        suite, sources = resolve_suite(recipe.eval, recipe.stages, recipe.data), inputs.sources
-        models = _recipe_models(recipe, inputs.base)
-        runs = RunIds.load(Path(recipe.output))
-        if runs.parent:
-            tracked = (recipe, runs)
-    else:
-        if not args.suite:
-            raise ForgeError("--models needs --suite FILE (data: and eval:)")
-        spec, sources = _load_suite(args.suite)
-        suite, models = resolve_suite(spec.eval, [], spec.data), _models_arg(args.models)
+        fd = _hold(recipe)
+        try:
+            return _evaluate_run(args, recipe)
+        finally:
+            os.close(fd)
+    if not args.suite:
+        raise ForgeError("--models needs --suite FILE (data: and eval:)")
+    spec, sources = _load_suite(args.suite)
+    suite, models = resolve_suite(spec.eval, [], spec.data), _models_arg(args.models)
+    return _compare(args, suite, sources, models, None)
+
+
+def _evaluate_run(args, recipe) -> int:
+    from forge.eval.finish import START
+    from forge.eval.suite import resolve_suite
+    from forge.inputs import prepare_inputs
+    from forge.track.runs import RunIds
+
+    inputs = prepare_inputs(recipe, Path(recipe.output))
+    suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
+    models = {START: inputs.base, **_run_outputs(recipe)}
+    runs = RunIds.load(Path(recipe.output))
+    return _compare(args, suite, inputs.sources, models, (recipe, runs.parent) if runs.parent else None)
+
+
+def _compare(args, suite, sources, models, tracked) -> int:
+    """Run the suite on `models`, print and write the table, check the gates; with `tracked`
+    (recipe, parent run id), log the evaluation as its own MLflow run under the run's parent."""
+    from forge.eval.finish import Evaluation, log_comparison
+    from forge.eval.gates import check_gates
+    from forge.eval.report import format_table, plot, to_markdown, write_json
+    from forge.eval.suite import primary_metric, run_suite
+
     comparison = run_suite(models, suite, sources, log=lambda m: print(m, file=sys.stderr))
     ev = Evaluation(comparison, check_gates(suite, comparison.metrics[comparison.models[-1]]), primary_metric(suite))
     print(format_table(comparison), end="")
@@ -136,12 +171,15 @@ def run(args) -> int:
     if tracked:
         from forge.track import MlflowTracker
 
-        recipe, runs = tracked
+        recipe, parent = tracked
         tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment)
-        with tracker.run(recipe.name, run_id=runs.parent):
-            last = recipe.stages[-1].name  # the Novella is the last stage's output
-            log_comparison(tracker, ev, {**runs.stages, NOVELLA: runs.stages[last]} if last in runs.stages else runs.stages)
-        print(f"mlflow:  logged to run {runs.parent} ({recipe.tracking_uri})", file=sys.stderr)
+        # its own run, nested under the parent: the parent's figures (and params) stay the run's own,
+        # and each `forge eval` is a record of its own, whatever its suite
+        tags = {"mlflow.parentRunId": parent, "forge.eval_of": parent, "forge.pipeline": "eval"}
+        with tracker.run("forge eval", tags=tags) as run_id:
+            log_comparison(tracker, ev, {})
+        print(f"mlflow:  logged to run {run_id}, under the run's parent {parent} ({recipe.tracking_uri})",
+              file=sys.stderr)
     if not ev.passed:
         failed = [g for g in ev.gates if not g.passed]
         print(f"forge: {len(failed)} gate(s) failed on {comparison.models[-1]}", file=sys.stderr)
