@@ -26,5 +26,7 @@ def test_files_modules_and_errors_naming_field_and_spec(tmp_path):
     with pytest.raises(ForgeError, match=r"^eval.custom 'json:dumps': expected 'file.py:function'$"):
         load_custom("json:dumps")
     # both users go through it: the same file, the same function
-    reward = Reward(RewardSource(source=str(tmp_path / "a" / "score.py") + ":f"))
-    assert reward._fn() == load_custom("a/score.py:f", tmp_path)() == "a"
+    with Reward(RewardSource(source=str(tmp_path / "a" / "score.py") + ":f")) as reward:  # loaded in its worker
+        with pytest.raises(ForgeError, match=r"got str$"):  # a/score.py's f answered 'a'
+            reward(["p"], ["c"], {}, batch=0)
+    assert load_custom("a/score.py:f", tmp_path)() == "a"

@@ -17,7 +17,8 @@ from forge.lm.rewards import Reward, RewardError, unique_labels
 
 
 def load_rewards(specs: list, root=None) -> list[Reward]:
-    """The reward sources, resolved once (a bad file or module fails here, before any model loads)."""
+    """The reward sources, resolved once (a bad file or module fails here, before any model loads).
+    A Python source's worker process ends with its Reward (`close()`, or when it is dropped)."""
     return [Reward(spec, root) for spec in specs]
 
 
@@ -58,7 +59,7 @@ def mean_reward(model, tokenizer, rows: list[dict], rewards: list[Reward], run: 
                 try:
                     scores = reward(prompts, texts, fields, batch)
                 except RewardError as e:
-                    raise RewardError(f"{where}: {e}") from None
+                    raise type(e)(f"{where}: {e}") from None  # RewardStopped stays one (runs end KILLED)
                 totals[name] += sum(scores)
                 weighted += reward.weight * sum(scores)
             count += len(texts)

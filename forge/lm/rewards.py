@@ -2,95 +2,119 @@
 
 A source is one of:
 - `path/to/file.py:function` or `package.module:function`: a Python callable, sync or async,
-  `(prompts, completions, **fields) -> list[float]` (fields: the prompt rows' other columns);
+  `(prompts, completions, **fields) -> list[float]` (fields: the prompt rows' other columns), run in
+  a worker process of its own (forge.lm.reward_workers) that is killed when a call overruns;
 - `http://...` / `https://...`: an endpoint that receives `{"prompts", "completions", **fields}` as
   JSON and returns a JSON list of scores (or `{"rewards": [...]}`), called in chunks of
-  `batch_size` with a timeout, retries and at most `concurrency` requests in flight;
-- `lambda:<name or ARN>`: an AWS Lambda function invoked through boto3 with the same JSON, in chunks.
-Whatever the source, a call that raises, times out, returns the wrong number of scores or a
-non-finite one raises RewardError naming the source and the batch.
+  `batch_size`, at most `concurrency` requests in flight, failed attempts retried `retries` times;
+- `lambda:<name or ARN>`: an AWS Lambda function invoked through boto3 with the same JSON, in chunks
+  (botocore's connect and read timeouts are `timeout_s`).
+`timeout_s` bounds the whole call, whatever the source: every chunk and every retry of an HTTP
+source, the Python function however it blocks. Scores are numbers (numpy's too; not booleans);
+a numpy array counts as the list. A call that raises, exits, crashes, times out, returns the wrong
+number of scores or a non-finite one raises RewardError naming the source and the batch.
 """
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
-import inspect
+import http.client
 import json
 import math
+import numbers
 import re
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
+from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
 from forge.recipe.settings import RewardSource
-from forge.usercode import load_function
+from forge.usercode import split_spec
 
 Fields = dict[str, list[Any]]  # the prompt rows' other columns, one list per column
+MAX_RESPONSE_BYTES = 64 * 2**20  # an HTTP answer larger than this fails the call
 
 
 class RewardError(ForgeError):
     """A reward source failed; the message names the source and the batch."""
 
 
+class RewardStopped(RewardError):
+    """SIGINT/SIGTERM arrived while a reward ran: the call was abandoned (its worker ended)."""
+
+    stopped_on_request = True  # forge.track ends the runs KILLED, not FAILED
+
+
 class Reward:
-    """One reward source of a stage: call(prompts, completions, fields, batch) -> list[float]."""
+    """One reward source of a stage: call(prompts, completions, fields, batch) -> list[float].
+    A Python source starts its worker process here (a bad file or module fails at once); `close()`
+    (or the `with` block) ends it."""
 
     def __init__(self, spec: RewardSource, root: Path | None = None, lambda_client: Any = None):
         self.spec, self.source, self.weight = spec, spec.source, spec.weight
         self.label = reward_label(spec.source)
-        self._fn = self._resolve(spec.source, root, lambda_client)
+        self._lambda, self._worker = lambda_client, None
+        if not spec.source.startswith(("http://", "https://", "lambda:")):
+            split_spec(spec.source, "reward")
+            self._worker = RewardWorker(spec.source, None if root is None else str(root))
 
-    def _resolve(self, source: str, root: Path | None, lambda_client: Any) -> Callable[..., object]:
-        if source.startswith(("http://", "https://")):
-            return self._http
-        if source.startswith("lambda:"):
-            self._lambda = lambda_client
-            return self._invoke_lambda
-        return load_function(source, root, "reward")
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    def __enter__(self) -> "Reward":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------- calling
     def __call__(self, prompts: list[str], completions: list[str], fields: Fields, batch: int) -> list[float]:
         where = f"reward {self.source!r} on batch {batch}"
         try:
-            if self._fn in (self._http, self._invoke_lambda):
-                scores = self._fn(prompts, completions, fields, where)
+            if self._worker is not None:
+                scores = self._worker.call(prompts, completions, fields, self.spec.timeout_s)
+            elif self.source.startswith("lambda:"):
+                scores = self._invoke_lambda(prompts, completions, fields, where)
             else:
-                scores = self._python(prompts, completions, fields)
+                scores = self._http(prompts, completions, fields, where)
         except RewardError:
             raise
-        except (TimeoutError, cf.TimeoutError, asyncio.TimeoutError):
+        except Interrupted as e:
+            raise RewardStopped(f"{where}: stopped by {e} while the reward was running (its call was abandoned; "
+                                "nothing since the last checkpoint is kept)") from None
+        except (TimeoutError, cf.TimeoutError, WorkerTimeout):
             raise RewardError(f"{where}: no answer within {self.spec.timeout_s:g}s (timeout_s)") from None
+        except WorkerFailed as e:
+            raise RewardError(f"{where}: {e}") from None
         except Exception as e:
             raise RewardError(f"{where}: raised {type(e).__name__}: {e}") from None
         return check_scores(scores, len(completions), where)
 
-    # the scores are the source's answer, unchecked (`object`) until check_scores
-    def _python(self, prompts: list[str], completions: list[str], fields: Fields) -> object:
-        fn, timeout = self._fn, self.spec.timeout_s
-        if inspect.iscoroutinefunction(fn):
-            async def bounded() -> object:
-                return await asyncio.wait_for(fn(prompts, completions, **fields), timeout)
-            return asyncio.run(bounded())
-        pool = cf.ThreadPoolExecutor(1)  # a hung function cannot be killed: it is left behind, the stage ends
-        try:
-            return pool.submit(fn, prompts, completions, **fields).result(timeout=timeout)
-        finally:
-            pool.shutdown(wait=False)
-
-    def _chunks(self, prompts: list[str], completions: list[str], fields: Fields) -> Iterator[dict[str, list[Any]]]:
+    def _chunks(self, prompts: list[str], completions: list[str], fields: Fields) -> list[dict[str, list[Any]]]:
         n = self.spec.batch_size
-        for i in range(0, len(completions), n):
-            yield {"prompts": prompts[i:i + n], "completions": completions[i:i + n],
-                   **{k: v[i:i + n] for k, v in fields.items()}}
+        return [{"prompts": prompts[i:i + n], "completions": completions[i:i + n],
+                 **{k: v[i:i + n] for k, v in fields.items()}} for i in range(0, len(completions), n)]
 
-    def _map_chunks(self, call: Callable[[dict[str, list[Any]]], object], prompts: list[str], completions: list[str],
-                    fields: Fields) -> object:
-        chunks = list(self._chunks(prompts, completions, fields))
-        with cf.ThreadPoolExecutor(self.spec.concurrency) as pool:
-            parts = list(pool.map(call, chunks))
+    def _map_chunks(self, call: Callable[[dict[str, list[Any]]], object], chunks: list[dict[str, list[Any]]],
+                    deadline: "Deadline") -> object:
+        """Each chunk's answer, joined; TimeoutError when they are not all in by the deadline (the
+        connections still open are then shut, so no thread outlives the call for long)."""
+        pool = cf.ThreadPoolExecutor(self.spec.concurrency, thread_name_prefix="forge-reward")
+        futures = [pool.submit(call, chunk) for chunk in chunks]
+        try:
+            with interruptible():
+                done, pending = cf.wait(futures, timeout=max(0.0, deadline.left()))
+            if pending:
+                raise TimeoutError
+            parts = [f.result() for f in futures]
+        finally:
+            deadline.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
         out: list[object] = []
         for chunk, part in zip(chunks, parts):
             if not isinstance(part, list) or len(part) != len(chunk["completions"]):
@@ -99,23 +123,26 @@ class Reward:
         return out
 
     def _http(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
+        deadline = Deadline(self.spec.timeout_s)
+
         def post(chunk: dict[str, list[Any]]) -> object:
             body = json.dumps(chunk).encode()
-            for attempt in range(self.spec.retries + 1):
-                req = urllib.request.Request(self.source, body, {"Content-Type": "application/json"})
+            for attempt in range(self.spec.retries + 1):  # retries count against the call's one deadline
                 try:
-                    with urllib.request.urlopen(req, timeout=self.spec.timeout_s) as r:
-                        data = json.loads(r.read())
+                    data = json.loads(_post(self.source, body, deadline))
                     return data["rewards"] if isinstance(data, dict) and "rewards" in data else data
-                except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as e:
-                    if attempt == self.spec.retries:
-                        raise RewardError(f"{where}: the endpoint failed after {attempt + 1} attempt(s): {e}") from None
-                    time.sleep(min(2.0, 0.2 * 2 ** attempt))
+                except (OSError, http.client.HTTPException, ValueError) as e:
+                    if deadline.left() <= 0:
+                        raise TimeoutError from None
+                    if attempt == self.spec.retries or isinstance(e, _TooLarge):
+                        raise RewardError(f"{where}: the endpoint failed after {attempt + 1} attempt(s): "
+                                          f"{str(e) or type(e).__name__}") from None
+                    time.sleep(max(0.0, min(2.0, 0.2 * 2 ** attempt, deadline.left())))
             raise AssertionError("unreachable: the last attempt returns or raises")
-        return self._map_chunks(post, prompts, completions, fields)
+        return self._map_chunks(post, self._chunks(prompts, completions, fields), deadline)
 
     def _invoke_lambda(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
-        client = self._lambda or _boto_lambda(self.spec.region)
+        client = self._lambda or _boto_lambda(self.spec)
         name = self.source.removeprefix("lambda:")
 
         def invoke(chunk: dict[str, list[Any]]) -> object:
@@ -124,7 +151,78 @@ class Reward:
             if resp.get("FunctionError"):
                 raise RewardError(f"{where}: the Lambda function failed ({resp['FunctionError']}): {payload}")
             return payload["rewards"] if isinstance(payload, dict) and "rewards" in payload else payload
-        return self._map_chunks(invoke, prompts, completions, fields)
+        return self._map_chunks(invoke, self._chunks(prompts, completions, fields), Deadline(self.spec.timeout_s))
+
+
+class Deadline:
+    """One call's wall-clock deadline. The sockets of its requests are registered; at the deadline
+    (a timer) or on abort() they are shut down, which ends any read blocked on them."""
+
+    def __init__(self, seconds: float):
+        self.end, self.aborted = time.monotonic() + seconds, False
+        self._socks: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self.abort)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.add(sock)
+            if not self.aborted:
+                return
+        _shut(sock)
+
+    def abort(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self.aborted, socks = True, list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _TooLarge(ValueError):
+    """The endpoint's answer is over MAX_RESPONSE_BYTES (not retried)."""
+
+
+def _post(url: str, body: bytes, deadline: Deadline) -> bytes:
+    """POST `body` as JSON and read the whole answer, all within the deadline."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    left = deadline.left()
+    if left <= 0 or deadline.aborted:
+        raise TimeoutError
+    conn = kind(parts.hostname or "", parts.port, timeout=left)
+    try:
+        conn.connect()
+        if conn.sock is not None:
+            deadline.watch(conn.sock)
+        path = parts.path or "/"
+        conn.request("POST", f"{path}?{parts.query}" if parts.query else path, body,
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            raise http.client.HTTPException(f"HTTP Error {resp.status}: {resp.reason}")
+        out = bytearray()
+        while chunk := resp.read(2**16):
+            out += chunk
+            if len(out) > MAX_RESPONSE_BYTES:
+                raise _TooLarge(f"the answer is over {MAX_RESPONSE_BYTES // 2**20} MiB")
+        if deadline.aborted:
+            raise TimeoutError
+        return bytes(out)
+    finally:
+        conn.close()
 
 
 def reward_label(source: str) -> str:
@@ -151,22 +249,30 @@ def unique_labels(rewards: list["Reward"]) -> list[str]:
     return out
 
 
-def _boto_lambda(region: str | None) -> Any:
+def _boto_lambda(spec: RewardSource) -> Any:
     try:
         import boto3
+        from botocore.config import Config  # type: ignore[import-untyped]
     except ImportError:
         raise ForgeError("a lambda: reward needs boto3 (pip install 'forge[aws]')") from None
-    return boto3.client("lambda", region_name=region)
+    config = Config(connect_timeout=spec.timeout_s, read_timeout=spec.timeout_s,
+                    retries={"total_max_attempts": spec.retries + 1, "mode": "standard"})
+    return boto3.client("lambda", region_name=spec.region, config=config)
 
 
 def check_scores(scores: object, n: int, where: str) -> list[float]:
+    """`n` finite scores as floats: Python or numpy numbers (not booleans), in a list, a tuple or a
+    1-d numpy array; a RewardError saying what is wrong otherwise."""
+    if type(scores).__module__ == "numpy" and getattr(scores, "ndim", None) == 1:
+        scores = list(scores)  # type: ignore[call-overload]
     if not isinstance(scores, (list, tuple)):
-        raise RewardError(f"{where}: expected a list of {n} scores, got {type(scores).__name__}")
+        kind = getattr(scores, "type_name", type(scores).__name__)  # a worker's Opaque names the type it stands for
+        raise RewardError(f"{where}: expected a list of {n} scores, got {kind}")
     if len(scores) != n:
         raise RewardError(f"{where}: returned {len(scores)} scores for {n} completions")
     out: list[float] = []
     for i, s in enumerate(scores):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
+        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(float(s)):
             raise RewardError(f"{where}: score {i} is {s!r}, not a finite number")
         out.append(float(s))
     return out

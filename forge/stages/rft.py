@@ -159,14 +159,24 @@ def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor
 
 
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
-    rewards = [Reward(r) for r in stage.rewards]  # fails before any model loads on a bad source
+    rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
+            if _check_row(row, stage.prompt_field, at)]  # a bad or empty prompt fails before anything starts
+    if not rows:
+        raise ForgeError(f"stage {stage.name}: no prompts in {stage.data}")
+    rewards: list[Reward] = []
+    try:  # the Python rewards' worker processes live as long as the stage
+        for spec in stage.rewards:
+            rewards.append(Reward(spec))  # fails before any model loads on a bad source
+        return _train(stage, inputs, rows, rewards)
+    finally:
+        for reward in rewards:
+            reward.close()
+
+
+def _train(stage: RftStage, inputs: StageInputs, rows: list[dict[str, Any]], rewards: list[Reward]) -> StageResult:
     s = open_session(stage, inputs, lora=stage.lora)
     if s.rank:  # each rank samples its own completions (rank 0 keeps the recipe's seed)
         torch.manual_seed(stage.seed + s.rank)
-    rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
-            if _check_row(row, stage.prompt_field, at)]
-    if not rows:
-        raise ForgeError(f"stage {stage.name}: no prompts in {stage.data}")
     ref = None
     if stage.kl_beta:
         ref, _ = s.checkpoints.load_model(inputs.checkpoint)
@@ -181,11 +191,14 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
 
 
 def _check_row(row: object, field: str, where: str) -> TypeGuard[dict[str, Any]]:
-    """True for a prompt row (a dict with the text field); raises for anything else."""
+    """True for a prompt row (a dict with a non-empty text field); raises for anything else, naming
+    the file and line (an empty prompt is refused, not skipped)."""
     if isinstance(row, Exception):
         raise ForgeError(str(row))
     if not isinstance(row, dict) or not isinstance(row.get(field), str):
         raise ForgeError(f"{where}: a prompt row needs a text field {field!r} (prompt_field)")
+    if not row[field].strip():
+        raise ForgeError(f"{where}: the prompt ({field!r}, prompt_field) is empty; an rft prompt needs text")
     return True
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from forge.errors import ForgeError
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, RftStage
 from forge.lm.rewards import Reward, RewardError
@@ -110,6 +111,15 @@ def test_http_reward_chunks_and_async_python(server):
 def test_bad_rewards_end_the_stage_naming_source_and_batch(tmp_path, tiny_checkpoint, fn, message):
     with pytest.raises(RewardError, match=rf"reward '.*rft_rewards.py:{fn}' on batch 1: {message}"):
         run_stage(rft(f"{REWARDS}:{fn}", max_steps=1, batch_size=1), tiny_checkpoint, prompts(tmp_path), tmp_path / "o")
+
+
+def test_an_empty_prompt_is_refused_naming_its_file_and_line(tmp_path, tiny_checkpoint):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Tell me.", "Say more.", "  ", "Why?"]))
+    sources = {"p": resolve_source("p", DataSource(path=str(path), holdout=0.0), tmp_path)}
+    with pytest.raises(ForgeError, match=rf"^{path}:line 3: the prompt \('prompt', prompt_field\) is empty"):
+        run_stage(rft(max_steps=1, batch_size=1), tiny_checkpoint, sources, tmp_path / "o")
+    assert not (tmp_path / "o").exists()  # refused before anything starts
 
 
 def test_http_endpoint_down_is_a_clear_error():
