@@ -68,6 +68,9 @@ def resolve_store(args) -> tuple[str, str | None, str | None]:
 
 
 def check_port(host: str, port: int) -> None:
+    """A port the server can listen on: in range (not 0, which the OS would pick) and free."""
+    if not 1 <= port <= 65535:
+        raise ForgeError(f"--port {port}: expected a port number from 1 to 65535")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
             s.bind((host, port))

@@ -104,3 +104,28 @@ def test_sigterm_outside_training_prints_a_quoted_resume_hint_that_works(tmp_pat
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "finished"
+
+
+# ------------------------------------------------------------------------ issue 18: item 10
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_ui_port_out_of_range_is_one_line(tmp_path, capsys, port):
+    from forge.track import MlflowTracker
+
+    MlflowTracker(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}", "tiny")
+    capsys.readouterr()
+    assert cli.main(["ui", "--output", str(tmp_path / "out"), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"forge: error: --port {port}: expected a port number from 1 to 65535")
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("form", ["{}", "sqlite:///{}", "file://{}"])
+def test_tracking_uri_that_is_a_text_file_is_one_line(tmp_path, capsys, form):
+    text = tmp_path / "notes.txt"
+    text.write_text("just some notes\n" * 50)
+    path = _recipe(tmp_path, max_steps=2)
+    assert cli.main(["run", str(path), f"tracking.uri={form.format(text)}"]) == 2
+    err = capsys.readouterr().err
+    assert str(text) in err and ("is a file, not an MLflow store" in err or "not an MLflow database" in err)
+    assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert text.read_text() == "just some notes\n" * 50

@@ -19,6 +19,7 @@ import signal
 import sys
 import tempfile
 import threading
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -52,6 +53,7 @@ class MlflowTracker:
         self._mlflow = mlflow
         # log_summary appends to a table artifact, which MLflow downloads first: no progress bars
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        check_store_uri(uri)
         if uri.startswith("sqlite:///"):
             db = Path(uri.removeprefix("sqlite:///"))
             prepare_sqlite_store(db)
@@ -353,6 +355,17 @@ def _signals_deferred() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)
+
+
+def check_store_uri(uri: str) -> None:
+    """A file-store URI (a path, or file://) that names an existing file, not a folder, is refused
+    in one line before MLflow is asked (it would call it a deprecated file store and fail later)."""
+    if "://" in uri and not uri.startswith("file://"):
+        return
+    path = Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path) if uri.startswith("file://") else uri)
+    if path.is_file():
+        raise ForgeError(f"tracking.uri {uri}: {path} is a file, not an MLflow store; give sqlite:///PATH.db "
+                         "(forge creates it), a tracking server's http(s):// URL, or a database URI")
 
 
 KEPT_TAG = "forge.params_kept"  # params a run kept with their earlier value ("name: old (now new); ...")
