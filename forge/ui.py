@@ -2,7 +2,10 @@
 
 Starts `mlflow server` (its own process group) on a recipe's store, an output folder's SQLite store
 or any tracking URI (a team's PostgreSQL database, say), waits until `/health` answers, prints the
-URL, and on Ctrl+C stops the server and everything it started.
+URL, and on Ctrl+C, SIGTERM or SIGHUP stops the server and everything it started and removes its
+temporary log (kept, and named, when the server itself failed). The server runs under a small
+watchdog (`watch`, its process group's leader), which ends the group when forge ui goes however it
+goes (killed: a parent-death signal on Linux, and everywhere the end of a pipe forge ui held).
 
     forge ui recipes/quickstart.yaml
     forge ui --output runs/quickstart --port 5050
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -27,6 +32,7 @@ from forge.errors import ForgeError
 
 DEFAULT_PORT = 5050  # not 5000: macOS gives that to AirPlay
 MODEL_TRAINING = "workflowType=machine_learning"  # MLflow 3 opens experiments in its GenAI view otherwise
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2) options (Linux)
 
 
 def add_arguments(p) -> None:
@@ -116,16 +122,32 @@ def experiment_url(base: str, name: str | None) -> str:
     return f"{base}/#/experiments?{MODEL_TRAINING}"
 
 
-def start(uri: str, host: str, port: int, artifacts: str | None, workers: int, log: Path) -> subprocess.Popen:
+def _die_with_parent() -> None:
+    """In the watchdog between fork and exec (Linux): SIGTERM to it when forge ui ends, however."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog still sees the pipe from forge ui close
+
+
+def start(uri: str, host: str, port: int, artifacts: str | None, workers: int, log: Path,
+          lifeline: int) -> subprocess.Popen:
+    """`mlflow server` under its watchdog (`watch`, given the read end `lifeline` of a pipe forge ui
+    holds open), in a session of their own: Ctrl+C reaches forge only, `stop()` ends the whole
+    group, and the watchdog ends it when forge ui goes."""
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
            "--port", str(port), "--workers", str(workers)]
     if artifacts:
         cmd += ["--artifacts-destination", artifacts]
     env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    watchdog = [sys.executable, "-m", "forge.ui", "--watch", str(lifeline), str(log.parent), "--", *cmd]
     with open(log, "wb") as out:
-        # its own session: Ctrl+C reaches forge only, and stop() ends the whole group
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        return subprocess.Popen(watchdog, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, pass_fds=(lifeline,),
+                                preexec_fn=_die_with_parent)
 
 
 def stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
@@ -149,6 +171,10 @@ def stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
             time.sleep(0.1)
 
 
+def _stop_on(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP (a closed terminal) stop the UI as Ctrl+C does
+
+
 def run(args) -> int:
     uri, experiment, artifacts = resolve_store(args)
     if uri.startswith(("http://", "https://")):
@@ -157,19 +183,106 @@ def run(args) -> int:
     check_port(args.host, args.port)
     base = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
     log = Path(tempfile.mkdtemp(prefix="forge-ui-")) / "mlflow-server.log"
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    proc = start(uri, args.host, args.port, artifacts, args.workers, log)
+    previous = {sig: signal.signal(sig, _stop_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    failed = False  # the server's own failure: its log stays for the message that names it
+    lifeline, keep = os.pipe()  # forge ui holds `keep` open while it lives (never inherited)
     try:
-        wait_healthy(base, proc, log, args.timeout)
-        url = experiment_url(base, experiment)
-        print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})", flush=True)
-        if args.open:
-            webbrowser.open(url)
-        proc.wait()
-        raise ForgeError(f"mlflow server stopped (exit {proc.returncode}); see {log}")
-    except KeyboardInterrupt:
-        print("stopping the MLflow UI", flush=True)
-        return 0
+        try:
+            proc = start(uri, args.host, args.port, artifacts, args.workers, log, lifeline)
+        finally:
+            os.close(lifeline)
+        try:
+            wait_healthy(base, proc, log, args.timeout)
+            url = experiment_url(base, experiment)
+            print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})", flush=True)
+            if args.open:
+                webbrowser.open(url)
+            proc.wait()
+            raise ForgeError(f"mlflow server stopped (exit {proc.returncode}); see {log}")
+        except ForgeError:
+            failed = True
+            raise
+        except KeyboardInterrupt:
+            print("stopping the MLflow UI", flush=True)
+            return 0
+        finally:
+            stop(proc)
     finally:
-        stop(proc)
-        signal.signal(signal.SIGTERM, previous)
+        os.close(keep)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if not failed:
+            shutil.rmtree(log.parent, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the watchdog (its own process)
+def _ask_stop(asked: list[int]):
+    return lambda signum, frame: asked.append(signum)
+
+
+def _become_subreaper() -> bool:
+    """Linux: orphaned descendants (the server's workers, once it is gone) become ours to wait for."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_all(server: subprocess.Popen, subreaper: bool, deadline: float) -> bool:
+    """Wait until every descendant has ended (a subreaper has no child left), else only the server;
+    whether that happened by the deadline."""
+    while time.monotonic() < deadline:
+        if not subreaper:
+            if server.poll() is not None:
+                return False  # its workers cannot be seen from here: the group is swept anyway
+        else:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def watch(argv: list[str], grace: float = 10.0) -> int:
+    """`python -m forge.ui --watch FD LOGDIR -- CMD...`: the leader of the server's process group.
+    Runs CMD; when forge ui goes (the pipe FD reads end-of-file, or the parent-death signal) or asks
+    (SIGTERM, SIGHUP), or the server ends, ends the whole group (SIGTERM, SIGKILL after `grace`
+    seconds). LOGDIR is removed when forge ui is gone (else forge ui decides)."""
+    lifeline, logdir, cmd = int(argv[0]), Path(argv[1]), argv[3:]
+    parent, asked = os.getppid(), list[int]()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a session of its own: never from a terminal
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _ask_stop(asked))
+    orphaned = threading.Event()
+
+    def _watch_parent() -> None:
+        while os.read(lifeline, 512):
+            pass
+        orphaned.set()  # every copy of the write end is closed: forge ui has exited
+
+    threading.Thread(target=_watch_parent, daemon=True).start()
+    subreaper = _become_subreaper()
+    server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # same group; output: the log
+    while not asked and not orphaned.is_set() and server.poll() is None:
+        time.sleep(0.2)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what it sends the group is not for itself
+    try:
+        os.killpg(0, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    done = _reap_all(server, subreaper, time.monotonic() + grace)
+    if orphaned.is_set() or os.getppid() != parent:
+        shutil.rmtree(logdir, ignore_errors=True)
+    if not done:
+        os.killpg(0, signal.SIGKILL)  # what is left of the group, this watchdog with it
+    return server.returncode if server.returncode is not None else 1
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
+    sys.exit(watch(sys.argv[2:]))

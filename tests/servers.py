@@ -1,4 +1,5 @@
-"""Throwaway servers for end-to-end tests: a PostgreSQL cluster on 127.0.0.1 and `forge ui`.
+"""Throwaway servers for end-to-end tests: a PostgreSQL cluster on 127.0.0.1 and `forge ui`; and how
+tests start and stop child processes (`spawn`: signals at their defaults whatever pytest inherited).
 
 Each helper skips the test with the reason when what it needs is absent (never a silent pass)."""
 from __future__ import annotations
@@ -13,8 +14,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,23 +73,115 @@ def postgres_cluster():
         shutil.rmtree(data, ignore_errors=True)
 
 
+def _default_signals() -> None:
+    """In a child between fork and exec: the signals a test stops it with act by default, whatever
+    this pytest inherited (a background job, `nohup ... &`, ignores SIGINT; nohup ignores SIGHUP)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def spawn(cmd: list[str], **kw) -> subprocess.Popen:
+    """`subprocess.Popen(cmd, **kw)` with SIGINT, SIGTERM and SIGHUP at their defaults in the child
+    and no standard input (a background pytest may have none)."""
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(cmd, preexec_fn=_default_signals, **kw)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a child and everything under it (their process groups too, but never pytest's own),
+    and wait for the child: for a test's `finally`, whatever state the child is in."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    kill_groups({g for p in tree if (g := _pgid(p.pid)) is not None})
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def group_members(groups: set[int]) -> list[psutil.Process]:
+    """The live (not zombie) processes of these process groups, anywhere on the machine."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and _pgid(p.pid) in groups:
+            found.append(p)
+    return found
+
+
+def kill_groups(groups: set[int]) -> None:
+    """SIGKILL every process of these groups (never this pytest's own group)."""
+    for g in groups - {os.getpgid(0)}:
+        with contextlib.suppress(OSError):
+            os.killpg(g, signal.SIGKILL)
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:port now (as servers bind: SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def poll(ready, timeout: float, every: float = 0.2) -> bool:
+    """Whether `ready()` came true within `timeout` seconds (asked every `every` s)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+@dataclass
+class UI:
+    """A `forge ui` child: the process, the URL it printed, its base URL and port, the server log
+    it named, and the process groups of the processes it started (the MLflow server's)."""
+
+    proc: subprocess.Popen
+    url: str
+    base: str
+    port: int
+    log: Path
+    groups: set[int]
+    output: list[str] = field(default_factory=list)
+
+
 @contextlib.contextmanager
-def forge_ui(*args: str):
-    """`forge ui ARGS --port <free>` in a child process; yields (process, printed URL, base URL).
-    Stops it with Ctrl+C (SIGINT) at the end."""
+def forge_ui(*args: str, env: dict | None = None):
+    """`forge ui ARGS --port <free>` in a child process, yielded as a `UI` once it printed its URL
+    (the server answers /health then). At the end: Ctrl+C (SIGINT) if it still runs, SIGKILL after
+    60 s, and SIGKILL to every process group it had started that still has a live process."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "ui", *args, "--port", str(port)], cwd=ROOT,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = spawn([sys.executable, "-m", "forge.cli", "ui", *args, "--port", str(port)], cwd=ROOT, text=True,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    groups: set[int] = set()
     try:
         lines = []
         for line in proc.stdout:
             lines.append(line)
-            if line.strip().startswith("http://"):
+            if "server log: " in line:
                 break
         else:
             raise AssertionError("forge ui printed no URL:\n" + "".join(lines))
-        yield proc, line.strip(), f"http://127.0.0.1:{port}"
+        url = next(ln.strip() for ln in lines if ln.strip().startswith("http://"))
+        log = Path(line.split("server log: ", 1)[1].strip().removesuffix(")"))
+        groups = {g for c in psutil.Process(proc.pid).children(recursive=True) if (g := _pgid(c.pid)) is not None}
+        yield UI(proc, url, f"http://127.0.0.1:{port}", port, log, groups, lines)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -93,3 +189,6 @@ def forge_ui(*args: str):
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(10)
+        if not poll(lambda: not group_members(groups), 30):
+            kill_groups(groups)

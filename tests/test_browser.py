@@ -43,7 +43,8 @@ def test_forge_ui_in_chromium(tmp_path):
     runs = {r.info.run_name: r.info.run_id for r in client.search_runs([exp])}
     shots = artifacts_dir()
 
-    with forge_ui("--output", str(tmp_path / "out")) as (_, url, base), sync_api.sync_playwright() as pw:
+    with forge_ui("--output", str(tmp_path / "out")) as ui, sync_api.sync_playwright() as pw:
+        url, base = ui.url, ui.base
         assert url == f"{base}/#/experiments/{exp}?workflowType=machine_learning"
         browser = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,

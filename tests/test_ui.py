@@ -1,26 +1,16 @@
-"""`forge ui`: one-line refusals (no store, port in use), and a real start / health / Ctrl+C stop."""
+"""`forge ui`: one-line refusals (no store, port in use), a real start / health / Ctrl+C stop, and the
+server going with forge ui however forge ui ends (SIGKILL, SIGHUP)."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from forge import cli
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import forge_ui, group_members, poll, port_free
 
 
 def test_missing_store_is_one_line(tmp_path, capsys):
@@ -45,42 +35,39 @@ def test_needs_exactly_one_store(capsys):
     assert "exactly one of RECIPE, --output DIR or --tracking-uri URI" in capsys.readouterr().err
 
 
-def start_ui(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`forge ui ARGS` in a child process; returns it and the URL it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "ui", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.strip().startswith("http://"):
-            return proc, line.strip()
-    raise AssertionError("forge ui printed no URL:\n" + "".join(lines))
+def _store(folder: Path) -> None:
+    from forge.track import MlflowTracker as Tracker
 
-
-def stop_ui(proc: subprocess.Popen) -> list[psutil.Process]:
-    """Ctrl+C; returns the processes it had started that are still alive (none, if clean)."""
-    children = psutil.Process(proc.pid).children(recursive=True)
-    assert children, "forge ui started no server"
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 0
-    assert "stopping the MLflow UI" in proc.stdout.read()
-    gone, alive = psutil.wait_procs(children, timeout=10)
-    return alive
+    Tracker(f"sqlite:///{folder / 'mlflow.db'}", "tiny")  # a store with one experiment
 
 
 @pytest.mark.slow
 def test_start_health_url_and_clean_stop(tmp_path):
-    from forge.track import MlflowTracker as Tracker
-
-    Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "tiny")  # a store with one experiment
-    port = free_port()
-    proc, url = start_ui(["--output", str(tmp_path), "--port", str(port)])
-    try:
-        assert url.startswith(f"http://127.0.0.1:{port}/#/experiments/") and url.endswith("?workflowType=machine_learning")
-        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read() == b"OK"
-    finally:
-        alive = stop_ui(proc)
-    assert alive == []
+    _store(tmp_path)
+    with forge_ui("--output", str(tmp_path)) as ui:
+        assert ui.url.startswith(f"{ui.base}/#/experiments/") and ui.url.endswith("?workflowType=machine_learning")
+        assert urllib.request.urlopen(f"{ui.base}/health", timeout=10).read() == b"OK"
+        assert ui.groups and ui.log.is_file()
+        ui.proc.send_signal(signal.SIGINT)  # Ctrl+C (forge_ui set SIGINT to its default in the child)
+        assert ui.proc.wait(60) == 0
+        assert "stopping the MLflow UI" in ui.proc.stdout.read()
+        # everything it started is gone when it returns, the port is free and the log removed
+        assert group_members(ui.groups) == []
+        assert port_free(ui.port) and not ui.log.parent.exists()
     with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+        urllib.request.urlopen(f"{ui.base}/health", timeout=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_server_goes_with_forge_ui(tmp_path, sig):
+    """Killed (SIGKILL: nothing runs in forge ui) or hung up on (SIGHUP: a closed terminal), forge ui
+    takes the MLflow server's whole process group with it, frees the port and removes its log."""
+    _store(tmp_path)
+    with forge_ui("--output", str(tmp_path)) as ui:
+        assert ui.groups and ui.log.is_file()
+        ui.proc.send_signal(sig)
+        ui.proc.wait(60)
+        gone = poll(lambda: not group_members(ui.groups) and port_free(ui.port) and not ui.log.parent.exists(), 120)
+        assert gone, (f"left: {[p.cmdline() for p in group_members(ui.groups)]}, port free: {port_free(ui.port)}, "
+                      f"log folder there: {ui.log.parent.exists()}")
