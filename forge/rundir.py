@@ -113,6 +113,8 @@ class RunFolder:
         lock (raises a ForgeError when the folder is in use, is not forge's, or holds a run the
         flags do not say what to do with)."""
         out = Path(out)
+        if out.is_dir():
+            check_forge_folder(out)  # a folder forge did not make gets no lock file either
         fd = lock_folder(out)
         try:
             write_holder(fd)
@@ -143,15 +145,7 @@ class RunFolder:
 
     def _decide(self, fingerprint: dict, resume: bool, restart: bool, overwrite: bool) -> None:
         out = self.out
-        previous = _read_record(out)
-        if previous is None:
-            found = sorted(f"{n}/" if (out / n).is_dir() else n for n in RUN_OUTPUTS if (out / n).exists())
-            if found:
-                raise ForgeError(f"output: {out} is not a forge run folder (no {RUN}) but holds {', '.join(found)}; "
-                                 "forge discards only what it wrote: choose another output, or move them aside")
-        elif not _is_forge_record(previous):
-            raise ForgeError(f"output: {out / RUN} was not written by forge; forge discards only what it wrote: "
-                             "choose another output, or move it aside")
+        previous = check_forge_folder(out)
         fresh = {"written_by": "forge", "run_id": uuid.uuid4().hex, "status": "running", "started": _now(),
                  "fingerprint": fingerprint}
         self.record = fresh
@@ -271,6 +265,22 @@ def lock_folder(out: Path) -> int:
     return fd
 
 
+def check_forge_folder(out: Path) -> dict | None:
+    """The folder's run.json record (None: none, and nothing of a run either); a ForgeError naming
+    what is there when the folder holds a run's outputs without a run.json, or a run.json forge
+    did not write. Reads only."""
+    previous = _read_record(out)
+    if previous is None:
+        found = sorted(f"{n}/" if (out / n).is_dir() else n for n in RUN_OUTPUTS if (out / n).exists())
+        if found:
+            raise ForgeError(f"output: {out} is not a forge run folder (no {RUN}) but holds {', '.join(found)}; "
+                             "forge discards only what it wrote: choose another output, or move them aside")
+    elif not _is_forge_record(previous):
+        raise ForgeError(f"output: {out / RUN} was not written by forge; forge discards only what it wrote: "
+                         "choose another output, or move it aside")
+    return previous
+
+
 def write_holder(fd: int) -> None:
     """Say in the lock file who holds it (pid, host, since when, the command line)."""
     os.ftruncate(fd, 0)
@@ -307,7 +317,7 @@ def _read_record(out: Path) -> dict | None:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ForgeError(f"output: {path} is unreadable ({e}); move it aside, or --restart") from None
+        raise ForgeError(f"output: {path} is unreadable ({e}); move it aside, or choose another output") from None
     return record if isinstance(record, dict) else {}  # {}: a run.json forge did not write
 
 

@@ -145,10 +145,11 @@ def test_restart_and_overwrite_refuse_a_folder_forge_did_not_write(tmp_path):
         with pytest.raises(ForgeError, match=r"not a forge run folder.*novella/.*stages/"):
             _open(out, **flags)
     assert (out / "stages" / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in out.iterdir()) == ["novella", "stages"]  # not even a lock file left in it
     (out / "run.json").write_text(json.dumps({"status": "finished", "tool": "someone else's"}))
     with pytest.raises(ForgeError, match=r"run\.json.*not written by forge"):
         _open(out, overwrite=True)
-    assert (out / "stages" / "thesis.tex").is_file() and (out / "novella").is_dir()
+    assert sorted(p.name for p in out.iterdir()) == ["novella", "run.json", "stages"]
 
 
 def test_restart_applies_to_interrupted_runs_only(tmp_path):

@@ -101,12 +101,14 @@ def _run_outputs(recipe) -> dict[str, Path]:
 def _hold(recipe) -> int:
     """Refuse a folder a `forge run` holds (naming its pid) or that holds no run, before writing
     anything; then hold its lock for the evaluation (a run cannot start meanwhile)."""
-    from forge.rundir import holder, lock_folder, write_holder
+    from forge.rundir import check_forge_folder, holder, lock_folder, write_holder
 
     out = Path(recipe.output)
     who = holder(out)
     if who is not None:
         raise ForgeError(f"output: {out} is in use by a running forge run ({who}); evaluate it when the run ends")
+    if out.is_dir():
+        check_forge_folder(out)  # forge writes its data caches only into a folder of its own
     _run_outputs(recipe)
     fd = lock_folder(out)
     write_holder(fd)
