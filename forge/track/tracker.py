@@ -6,7 +6,9 @@ Every text it writes (tags, params, descriptions, summaries, datasets, text, dic
 artifacts, registry tags and descriptions, the error of a failed run) passes `forge.scrub` first.
 
 It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
-batches; only rank 0 logs (other ranks get a tracker with `enabled=False`, which does nothing). A
+batches, and never kept with a different value silently (MLflow cannot change one: `log_params`
+refuses the change, `log_summary` says which params kept their earlier value); only rank 0 logs
+(other ranks get a tracker with `enabled=False`, which does nothing). A
 run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
 Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
 and retried while training goes on (`on_error="buffer"`), saying so.
