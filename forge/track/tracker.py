@@ -185,7 +185,7 @@ class MlflowTracker:
         no-op), so nothing is kept with a different value silently."""
         if not self.enabled:
             return
-        flat = {k[:MAX_PARAM_KEY]: v[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
+        flat = {k[:MAX_PARAM_KEY]: scrub(v)[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
         active = self._mlflow.active_run()
         run_id = active.info.run_id if active is not None else "(new)"
         existing = self._params_of(run_id) if active is not None else {}
