@@ -258,6 +258,16 @@ def _forge(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    """The run's output once it has ended; its process group is killed if it outlives `timeout`."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _statuses(out: Path) -> dict[str, str]:
     import mlflow
 
@@ -270,7 +280,7 @@ def test_forge_run_with_a_hanging_reward_fails_its_runs_then_resumes(tmp_path):
     recipe = _rft_recipe(tmp_path, timeout_s=3.0)
     (tmp_path / "hang").write_text("")
     proc = _forge("run", str(recipe))
-    output, _ = proc.communicate(timeout=600)
+    output = _finish(proc, 600)
     assert proc.returncode not in (0, None), output
     errors = [line for line in output.splitlines() if "score.py:score' on batch" in line]
     assert len(errors) == 1 and "score.py:score' on batch 3: no answer within 3s (timeout_s)" in errors[0], output[-3000:]
@@ -278,7 +288,7 @@ def test_forge_run_with_a_hanging_reward_fails_its_runs_then_resumes(tmp_path):
     assert set(_statuses(tmp_path / "out").values()) == {"FAILED"}
     (tmp_path / "hang").unlink()
     again = _forge("run", str(recipe), "--resume")
-    output, _ = again.communicate(timeout=600)
+    output = _finish(again, 600)
     assert again.returncode == 0, output[-3000:]
     assert set(_statuses(tmp_path / "out").values()) == {"FINISHED"}
     import mlflow
@@ -299,11 +309,9 @@ def test_sigterm_while_a_reward_hangs_ends_forge_promptly(tmp_path):
         time.sleep(0.2)
     worker = int((tmp_path / "hanging").read_text())
     proc.send_signal(signal.SIGTERM)
-    try:
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    output = _finish(proc, 60)  # the reward's timeout_s is 600 s
     assert proc.returncode != 0, output
-    assert "RUNNING" not in _statuses(tmp_path / "out").values()
+    assert "score.py:score' on batch 3: stopped by SIGTERM while the reward was running" in output, output[-3000:]
+    assert "Traceback" not in output
+    assert set(_statuses(tmp_path / "out").values()) == {"KILLED"}  # stopped on request, not left RUNNING
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
