@@ -182,43 +182,47 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
         skipped.append(f"{label}: {what}")
         return False
 
-    for label, path in models.items():
-        known = cache.get(path) if cache is not None else None
-        if known is not None:
-            log(f"  eval {label}: {path} (measured before: reused)")
-            out[label] = known
-            continue
-        log(f"  eval {label}: {path}")
-        before = len(skipped)
-        model, tok = load(path, device)
-        m: dict[str, float] = {}
-        if ppl_sources and fits(label, "perplexity"):
-            key = _tokenizer_key(tok)
-            if key not in blocks_cache:
-                blocks_cache[key] = source_blocks(sources, ppl_sources, tok, suite.seq_len, suite.separator,
-                                                  suite.max_blocks)
-            m.update(E.perplexity(model, blocks_cache[key], suite.batch_size, device))
-        if qa is not None and fits(label, "fact_recall"):
-            fr = suite.fact_recall
-            m.update(E.fact_recall(model, tok, qa, fr.max_new_tokens, device, fr.prompt, suite.separator))
-        if prefs is not None and fits(label, "preference"):
-            m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
-        if prompts is not None and fits(label, "reward"):
-            rw = suite.reward
-            run = RewardRun(rw.prompt_field, Sampling(rw.max_new_tokens, rw.temperature, rw.samples), device,
-                            suite.batch_size, rw.seed)
-            m.update(mean_reward(model, tok, prompts, rewards, run, f"eval.reward on {label}"))
-        for spec, fn in customs:
-            if fits(label, spec):
-                m.update(E.run_custom(spec, fn, model, tok, sources, device))
-        if suite.lm_eval is not None and fits(label, "lm_eval"):
-            from forge.eval.lm_eval_task import run_lm_eval
+    try:  # Python rewards run in worker processes: they end with the evaluation
+        for label, path in models.items():
+            known = cache.get(path) if cache is not None else None
+            if known is not None:
+                log(f"  eval {label}: {path} (measured before: reused)")
+                out[label] = known
+                continue
+            log(f"  eval {label}: {path}")
+            before = len(skipped)
+            model, tok = load(path, device)
+            m: dict[str, float] = {}
+            if ppl_sources and fits(label, "perplexity"):
+                key = _tokenizer_key(tok)
+                if key not in blocks_cache:
+                    blocks_cache[key] = source_blocks(sources, ppl_sources, tok, suite.seq_len, suite.separator,
+                                                      suite.max_blocks)
+                m.update(E.perplexity(model, blocks_cache[key], suite.batch_size, device))
+            if qa is not None and fits(label, "fact_recall"):
+                fr = suite.fact_recall
+                m.update(E.fact_recall(model, tok, qa, fr.max_new_tokens, device, fr.prompt, suite.separator))
+            if prefs is not None and fits(label, "preference"):
+                m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
+            if prompts is not None and fits(label, "reward"):
+                rw = suite.reward
+                run = RewardRun(rw.prompt_field, Sampling(rw.max_new_tokens, rw.temperature, rw.samples), device,
+                                suite.batch_size, rw.seed)
+                m.update(mean_reward(model, tok, prompts, rewards, run, f"eval.reward on {label}"))
+            for spec, fn in customs:
+                if fits(label, spec):
+                    m.update(E.run_custom(spec, fn, model, tok, sources, device))
+            if suite.lm_eval is not None and fits(label, "lm_eval"):
+                from forge.eval.lm_eval_task import run_lm_eval
 
-            m.update(run_lm_eval(model, tok, suite.lm_eval, root, device))
-        out[label] = m
-        del model
-        if cache is not None and len(skipped) == before:  # a partial evaluation is not kept
-            cache.put(path, label, m)
+                m.update(run_lm_eval(model, tok, suite.lm_eval, root, device))
+            out[label] = m
+            del model
+            if cache is not None and len(skipped) == before:  # a partial evaluation is not kept
+                cache.put(path, label, m)
+    finally:
+        for reward in rewards or []:
+            reward.close()
     first = out[next(iter(models))]
     for label in models:
         out[label].update(E.relative_change(out[label], first, suite.general, suite.domain))
