@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
         where = f"{e.filename}: " if e.filename else ""
-        print(scrub(f"forge: error: {where}{e.strerror or e} (after an interrupted run, fix this and add --resume)"),
-              file=sys.stderr)
+        hint = " (after an interrupted run, fix this and add --resume)" if args.command == "run" else ""
+        print(scrub(f"forge: error: {where}{e.strerror or e}{hint}"), file=sys.stderr)  # --resume is forge run's
         return 2
     except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
         if os.environ.get("FORGE_DEBUG"):

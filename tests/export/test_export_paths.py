@@ -190,3 +190,20 @@ def test_an_interrupted_export_leaves_the_earlier_one_and_nothing_beside_it(mode
         assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == ["e"]
     else:
         assert snapshot(tmp_path) == before  # the earlier export intact, no .partial, no temp folder
+
+
+@pytest.mark.parametrize("command", ["export", "deploy"])
+def test_export_and_deploy_errors_do_not_suggest_resume(command, monkeypatch, capsys):
+    import errno
+
+    from forge.export import command as export_command
+
+    def readonly(args):
+        raise OSError(errno.EROFS, "Read-only file system", "/exports/e")
+
+    monkeypatch.setattr(export_command, f"run_{command}", readonly)
+    argv = ["export", "src", "--out", "e"] if command == "export" else \
+        ["deploy", "e", "--s3-uri", "s3://b/p", "--role-arn", "arn:aws:iam::123456789012:role/R"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "forge: error: /exports/e: Read-only file system\n"
