@@ -147,13 +147,29 @@ def _tokenizer_key(tokenizer) -> str:
 
 
 def load(path: str | Path, device):
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ForgeError(f"{path}: not a model folder (no config.json)")
-    return (AutoModelForCausalLM.from_pretrained(path, use_safetensors=True).to(device),
-            AutoTokenizer.from_pretrained(path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
+    except SafetensorError as e:  # often a pickle or torch.save archive given the .safetensors name
+        bad = next((f for f in sorted(path.glob("*.safetensors")) if not _parses(f)), path)
+        raise ForgeError(f"{bad}: not a safetensors file ({str(e).splitlines()[0][:120]}); re-save the model "
+                         "with save_pretrained(safe_serialization=True)") from None
+    return model.to(device), AutoTokenizer.from_pretrained(path)
+
+
+def _parses(file: Path) -> bool:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            return True
+    except SafetensorError:
+        return False
 
 
 def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Path | None = None,

@@ -9,9 +9,11 @@ folder appears whole or not at all, its marker file written last.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from forge.errors import ForgeError
 from forge.export import bedrock, compat
 from forge.export.card import model_card
 from forge.export.destination import JOB_REQUEST, MANIFEST, check_destination, write_marker
+from forge.export.shapes import check_config
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import replace_dir
 from forge.lineage import Lineage
@@ -48,19 +51,31 @@ class ExportOptions:
     overwrite: bool = False            # replace an earlier forge export at `out` (nothing else, ever)
 
 
+@dataclass
+class _Checked:
+    """What the checks settled, for the writing."""
+    name: str                      # importedModelName
+    job: str                       # jobName
+    sizes: dict[str, int]          # tensor -> bytes in the export dtype
+    config: tuple[dict, dict]      # the translated config.json and its changes
+    tokenizer: tuple[Path, dict, dict]  # the folder the tokenizer files come from, its config and changes
+    template_from: str             # given | model | default | none
+
+
 def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     """Check, then write the export to `out`; return the manifest."""
     if opts.format not in ("bedrock", "hf") or opts.dtype not in TORCH:
         raise ForgeError(f"--format must be bedrock or hf and --dtype bf16 or fp16 (got {opts.format}, {opts.dtype})")
     is_bedrock = opts.format == "bedrock"
     real = check_destination(Path(out), {src.folder, src.model_folder}, opts.overwrite)
-    config = json.loads((src.model_folder / "config.json").read_text())
+    config = _read_json(src.model_folder / "config.json")
+    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
+    check_config(config, specs, src.model_folder / "config.json")
     config_out, config_changes = compat.translate_config(config, opts.dtype)
     tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
     tok_config = _read_json(tok_folder / "tokenizer_config.json")
     template, template_from = _chat_template(tok_folder, tok_config, opts, is_bedrock)
     tok_out, tok_changes = compat.translate_tokenizer_config(tok_config or {}, template)
-    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
     sizes = {n: _numel(s) * (TORCH[opts.dtype].itemsize if dt_.is_floating_point else dt_.itemsize)
              for n, (dt_, s) in specs.items()}
     name = opts.model_name or bedrock.model_name(src.lineage.name if src.lineage else src.model_folder.name)
@@ -74,7 +89,25 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
             raise ForgeError("--role-arn/--s3-uri write a Bedrock import job: use --format bedrock")
         bedrock.job_request(job, name, opts.role_arn, opts.s3_uri, bedrock.lineage_tags(src.lineage))
 
-    out = Path(out)
+    checked = _Checked(name, job, sizes, (config_out, config_changes), (tok_folder, tok_out, tok_changes), template_from)
+    try:
+        manifest, request = _write(src, real, opts, checked, log)
+    except OSError as e:  # a full disk, a folder gone read-only: the old export (if any) is as it was
+        where = f"{e.filename}: " if e.filename else ""
+        kept = "the earlier export there is unchanged" if real.exists() else "nothing was written"
+        raise ForgeError(f"--out {out}: cannot write the export: {where}{e.strerror or e} ({kept})") from None
+    log(f"exported {src.spec} -> {out} ({opts.format}, {opts.dtype}, {len(manifest['files'])} files, "
+        f"{manifest['weight_bytes'] / 1e6:.1f} MB of weights)")
+    _track(src, Path(out), manifest, request, log)
+    return manifest
+
+
+def _write(src: Source, real: Path, opts: ExportOptions, checked: _Checked, log) -> tuple[dict, dict | None]:
+    """The export written whole at `real` (replacing an earlier export there), its marker last:
+    the manifest and the job request (or None)."""
+    config_out, config_changes = checked.config
+    tok_folder, tok_out, tok_changes = checked.tokenizer
+    name, job, sizes = checked.name, checked.job, checked.sizes
     with replace_dir(real, "forge-export") as tmp:
         n_params = _write_weights(src, tmp, opts, sizes)
         (tmp / "config.json").write_text(json.dumps(config_out, indent=2) + "\n")
@@ -84,7 +117,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
                 shutil.copy2(tok_folder / f, tmp / f)
         (tmp / "generation_config.json").write_text(json.dumps(_generation_config(src, config_out), indent=2) + "\n")
         info = {"format": opts.format, "dtype": opts.dtype, "architecture": (config_out.get("architectures") or ["?"])[0],
-                "parameters": n_params, "weight_bytes": sum(sizes.values()), "chat_template": template_from}
+                "parameters": n_params, "weight_bytes": sum(sizes.values()), "chat_template": checked.template_from}
         (tmp / "MODEL_CARD.md").write_text(model_card(name, src.lineage, config_out, info))
         manifest = {
             "forge_version": forge.__version__,
@@ -108,10 +141,7 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
         if opts.role_arn and opts.s3_uri:
             request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
         write_marker(tmp)
-    log(f"exported {src.spec} -> {out} ({opts.format}, {opts.dtype}, {len(manifest['files'])} files, "
-        f"{manifest['weight_bytes'] / 1e6:.1f} MB of weights)")
-    _track(src, out, manifest, request, log)
-    return manifest
+    return manifest, request
 
 
 def write_job_request(folder: Path, role_arn: str, s3_uri: str, job: str | None = None) -> dict:
@@ -144,6 +174,7 @@ def _track(src: Source, out: Path, manifest: dict, request: dict | None, log) ->
 def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str, int]) -> int:
     """Shards of at most `max_shard_bytes` (a bigger tensor gets its own), named and indexed as
     transformers writes them; floating tensors cast to the export dtype."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     shards: list[list[str]] = [[]]
@@ -166,7 +197,12 @@ def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str,
         i = shard_of[name]
         pending.setdefault(i, {})[name] = t.contiguous()
         if len(pending[i]) == len(shards[i]):  # a shard is written as soon as it is complete
-            save_file(pending.pop(i), str(tmp / files[i]), metadata={"format": "pt"})
+            try:
+                save_file(pending.pop(i), str(tmp / files[i]), metadata={"format": "pt"})
+            except SafetensorError as e:  # safetensors reports a failed write (ENOSPC, EIO) as its own error
+                code, text = re.search(r"code: (\d+)", str(e)), re.search(r'message: "([^"]+)"', str(e))
+                raise OSError(int(code.group(1)) if code else errno.EIO, text.group(1) if text else str(e).splitlines()[0],
+                              str(tmp / files[i])) from None
             os.chmod(tmp / files[i], 0o644)  # safetensors writes owner-only; an export is for sharing
     index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": {n: files[shard_of[n]] for n in sizes}}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -117,15 +117,32 @@ def weight_files(folder: Path) -> list[Path]:
 
 def tensor_specs(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """name -> (dtype, shape) from the safetensors headers, without reading the tensors."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     specs = {}
     for path in weight_files(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                specs[name] = (_DTYPES[sl.get_dtype()], tuple(sl.get_shape()))
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    sl = f.get_slice(name)
+                    specs[name] = (_DTYPES[sl.get_dtype()], tuple(sl.get_shape()))
+        except SafetensorError as e:
+            raise not_safetensors(path, e) from None
     return specs
+
+
+def not_safetensors(path: Path, error: Exception) -> ForgeError:
+    """The one line for a weights file whose safetensors header does not parse (often a pickle or
+    a torch.save archive given the .safetensors name)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        head = b""
+    kind = {b"PK": " (it looks like a torch.save archive)"}.get(head, " (it looks like a pickle)"
+                                                                if head[:1] == b"\x80" else "")
+    return ForgeError(f"{path}: not a safetensors file{kind}: {str(error).splitlines()[0][:120]}; "
+                      "re-save the model with save_pretrained(safe_serialization=True)")
 
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -134,12 +151,15 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 
 
 def iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for path in weight_files(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except SafetensorError as e:
+            raise not_safetensors(path, e) from None
 
 
 def source_tensors(src: Source) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,6 +1,7 @@
 """`forge export --verify`: reload the export with transformers and check it is the source model.
 
-Same token ids from both tokenizers, logits within the export dtype's precision of the source's
+First the config's declared size against the files (a config that claims more is not loaded), then
+the same token ids from both tokenizers, logits within the export dtype's precision of the source's
 (fp32) on a few prompts, the chat template renders, and greedy generation produces text.
 """
 from __future__ import annotations
@@ -10,7 +11,8 @@ from pathlib import Path
 import torch
 
 from forge.errors import ForgeError
-from forge.export.source import Source, source_tensors
+from forge.export.shapes import declared_parameters
+from forge.export.source import Source, source_tensors, tensor_specs
 
 PROMPTS = ["Once upon a time", "The Zephyr-3 valve is rated for", "Question: what does the model know?\nAnswer:"]
 # relative logit error allowed: a few units of the format's rounding (bf16 keeps 8 significant
@@ -25,6 +27,7 @@ def verify(src: Source, export_dir: Path, dtype: str, prompts: list[str] | None 
     from transformers import AutoConfig, AutoTokenizer
 
     prompts = prompts or PROMPTS
+    _fits_the_files(src, export_dir)
     seq2seq = bool(getattr(AutoConfig.from_pretrained(export_dir), "is_encoder_decoder", False))
     auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
     reference = _reference_model(src, auto)
@@ -63,6 +66,20 @@ def verify(src: Source, export_dir: Path, dtype: str, prompts: list[str] | None 
     log(f"verify: logits within {dtype} precision (max relative error {worst:.2e}, top-1 agreement "
         f"{agree / total:.0%}); generated: {prompts[0]!r} -> {text!r}")
     return result
+
+
+def _fits_the_files(src: Source, export_dir: Path) -> None:
+    """Refuse to load a model whose config declares more parameters than the files hold (counted on
+    the meta device: no memory), so a wrong config cannot make loading allocate what is not there."""
+    try:
+        declared = declared_parameters(export_dir)
+    except Exception as e:  # transformers' own validation of the config
+        raise ForgeError(f"verify: {src.model_folder / 'config.json'} does not load in transformers: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    held = sum(torch.Size(shape).numel() for _, shape in tensor_specs(export_dir).values())
+    if declared > held:
+        raise ForgeError(f"verify: {src.model_folder / 'config.json'} declares {declared:,} parameters but the "
+                         f"safetensors files hold {held:,}: refusing to load it")
 
 
 def _reference_model(src: Source, auto):
