@@ -34,8 +34,10 @@ _STEP = re.compile(r"step-(\d+)")
 def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | None = None,
                     training: dict[str, Any] | None = None) -> Path:
     """save_pretrained (safetensors) + tokenizer + `forge_state.json` (+ `training_state.pt`) +
-    the manifest. A failed write (disk full, read-only folder) leaves the previous checkpoints as
-    they were and says so in a forge error."""
+    the manifest. A failed write (disk full, read-only folder; an OSError, or safetensors' own
+    SafetensorError) leaves the previous checkpoints as they were and says so in a forge error."""
+    from safetensors import SafetensorError
+
     try:
         with atomic_dir(path) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
@@ -47,6 +49,10 @@ def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any
             (tmp / MANIFEST).write_text(json.dumps(_hashes(tmp), indent=2))
     except OSError as e:
         raise ForgeError(f"cannot write checkpoint {path}: {e.strerror or e} "
+                         "(earlier checkpoints are intact; free space or fix the folder, then --resume)") from None
+    except SafetensorError as e:  # safetensors reports a failed write (ENOSPC, EIO) as its own error type
+        found = re.search(r'message: "([^"]+)"', str(e))
+        raise ForgeError(f"cannot write checkpoint {path}: {found.group(1) if found else str(e).splitlines()[0]} "
                          "(earlier checkpoints are intact; free space or fix the folder, then --resume)") from None
     except RuntimeError as e:  # torch.save reports a failed write as "[enforce fail at inline_container.cc]"
         if "inline_container" not in str(e) and "write" not in str(e).lower():
