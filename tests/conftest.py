@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny scratch model built once per session, MLflow isolation."""
+"""Shared fixtures: a tiny scratch model built once per session, MLflow isolation, and no process
+left behind by a test (each process group a test started ends with it, or the test fails)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from forge_testing import tiny_scratch
+from servers import adopt_orphans, descendants, end_leftovers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +18,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _HOME = tempfile.mkdtemp(prefix="forge-test-home-")
 os.environ["FORGE_HARDWARE_FILE"] = os.path.join(_HOME, "hardware.yaml")
 os.environ["FORGE_CALIBRATION_DIR"] = os.path.join(_HOME, "calibration")
+
+
+adopt_orphans()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes():
+    """After each test, no process it started may be left: the descendants of this pytest process
+    (only its own: other sessions' processes are never looked at) that were not there before the
+    test get 10 s to end, then their process groups are killed and the test fails, naming them."""
+    before = descendants()
+    yield
+    left = end_leftovers(before)
+    if left:
+        pytest.fail(f"the test left {len(left)} process(es) running (now killed):\n  " + "\n  ".join(left),
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -192,3 +192,60 @@ def forge_ui(*args: str, env: dict | None = None):
                 proc.wait(10)
         if not poll(lambda: not group_members(groups), 30):
             kill_groups(groups)
+
+
+# ------------------------------------------------------------------ what a test leaves behind
+def adopt_orphans() -> None:
+    """Linux: this pytest becomes a child subreaper, so a process whose parent a test killed stays
+    its descendant (and is found by `end_leftovers`) instead of moving to init."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def descendants() -> set[int]:
+    """The pids of this process's descendants (adopted orphans included)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _reap(pids) -> None:
+    """Collect the exit status of those of our children that are done (adopted orphans have no Popen)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _live(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+    return alive
+
+
+def end_leftovers(before: set[int], grace: float = 10.0) -> list[str]:
+    """Descendants not in `before` still alive after `grace` seconds: SIGKILL their process groups
+    (never pytest's own group: there, the process alone) and describe each (pid, group, command)."""
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _reap(p.pid for p in new)
+    left = _live(new)
+    if left:
+        _, alive = psutil.wait_procs(left, timeout=grace)
+        _reap(p.pid for p in alive)
+        left = _live(alive)
+    described = []
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"pid {p.pid} (group {_pgid(p.pid)}): {' '.join(p.cmdline())[:200]}")
+        group = _pgid(p.pid)
+        with contextlib.suppress(OSError):
+            if group is not None and group != os.getpgid(0):
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(p.pid, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=grace)
+    _reap(p.pid for p in left)
+    return described

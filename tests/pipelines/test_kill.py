@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from forge import cli
 from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
+from servers import kill_tree, spawn
 
 pytestmark = pytest.mark.slow
 STAGE = dict(max_steps=8, checkpoint={"every": 2}, schedule={"kind": "cosine"})
@@ -45,8 +46,9 @@ def reference(tmp_path_factory) -> dict:
 def _start(recipe: Path, patch: str, *args: str) -> subprocess.Popen:
     boot = patch + f"\nimport sys\nfrom forge.cli import main\nsys.exit(main({['run', str(recipe), *args]!r}))\n"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", boot], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # signals at their defaults in the child, whatever this pytest inherited (servers.spawn)
+    return spawn([sys.executable, "-c", boot], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True)
 
 
 def _wait_for(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
@@ -55,7 +57,7 @@ def _wait_for(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
         if proc.poll() is not None:
             pytest.fail(f"forge run ended early ({proc.returncode}):\n{proc.stdout.read()[-3000:]}")
         if time.monotonic() > end:
-            proc.kill()
+            kill_tree(proc)
             pytest.fail("timed out waiting for the run to get there")
         time.sleep(0.05)
 
