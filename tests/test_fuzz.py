@@ -199,3 +199,121 @@ def test_fuzz_case_counts():
     if len(COUNT) < 2:
         pytest.skip("the fuzzers did not both run in this session")
     assert all(n >= CASES for n in COUNT.values()), COUNT
+
+
+# ---------------------------------------------------------------------------------- export --out
+# What is at --out (and beside it) is drawn; the export runs for real. It either writes --out (only
+# where nothing or an earlier export was, with --overwrite for the latter) or fails with a ForgeError
+# having changed nothing; in both cases nothing outside the export folder changes.
+EXPORT_CASES = min(CASES, int(__import__("os").environ.get("FORGE_FUZZ_EXPORT_CASES", "60")))
+_AT_OUT = ["missing", "file", "empty", "user", "export", "export+extra", "fake-marker", "link-export", "link-file",
+           "dangling", "in-run", "in-lock", "in-novella", "run-itself", "dot", "dotdot", "deep-missing", "under-file"]
+
+
+def _tree(root: Path, skip: Path | None = None) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for p in sorted(root.rglob("*")):
+        if skip is not None and (p == skip or skip in p.parents):
+            continue
+        st_ = p.lstat()
+        kind = "link" if p.is_symlink() else "dir" if p.is_dir() else "file"
+        out[str(p.relative_to(root))] = (kind, __import__("os").readlink(p) if kind == "link" else None,
+                                         st_.st_size if kind == "file" else None,
+                                         st_.st_mtime_ns if kind == "file" else st_.st_mode,  # a folder's mtime moves
+                                         p.read_bytes() if kind == "file" and st_.st_size < 1 << 16 else None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def export_source(tiny_checkpoint, scratch):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "export"))
+    from export_fixtures import save_tiny
+    from forge.export.layout import ExportOptions, export
+    from forge.export.source import resolve
+
+    model = save_tiny("llama", scratch / "export-src", tiny_checkpoint)
+    src = resolve(str(model), None, scratch / "export-work")
+    template = scratch / "export-template"
+    export(src, template, ExportOptions(format="hf"), log=lambda *_: None)
+    return src, template
+
+
+@settings(FUZZ, max_examples=EXPORT_CASES)
+@given(at=st.sampled_from(_AT_OUT), name=st.sampled_from(["e", "e e", "名前", "-rf", ".hidden", "x.partial"]),
+       neighbours=st.sets(st.sampled_from(["NAME.partial", "NAME.old", ".NAME.forge-export-1-abcdefgh", "other"])),
+       overwrite=st.booleans())
+def test_fuzzed_export_paths_change_nothing_outside_the_export(export_source, scratch, at, name, neighbours, overwrite):
+    import os
+
+    from forge.export.destination import not_an_export
+    from forge.export.layout import ExportOptions, export
+
+    src, template = export_source
+    box = Path(tempfile.mkdtemp(prefix="box-", dir=scratch))
+    cwd = box / "cwd"
+    cwd.mkdir()
+    parent = box / "place"
+    if at in ("in-run", "run-itself"):
+        (parent / "stages").mkdir(parents=True)
+        (parent / "run.json").write_text('{"status": "finished"}')
+    elif at == "in-lock":
+        parent.mkdir()
+        (parent / ".forge.lock").write_text("")
+    elif at == "in-novella":
+        parent.mkdir()
+        (parent / "lineage.json").write_text("{}")
+    else:
+        parent.mkdir()
+    for n in neighbours:
+        p = parent / n.replace("NAME", name)
+        p.mkdir() if n.startswith(".") else p.write_text("a user's")
+    out = {"dot": cwd, "dotdot": box, "run-itself": parent, "deep-missing": parent / "a" / "b" / name}.get(at, parent / name)
+    if at in ("file", "link-file", "under-file"):
+        (parent / "f.txt").write_text("a user's file")
+    if at == "file":
+        out.write_text("a user's file")
+    elif at == "under-file":
+        out = parent / "f.txt" / name
+    elif at == "empty":
+        out.mkdir()
+    elif at == "user":
+        out.mkdir()
+        (out / "thesis.tex").write_text("years")
+    elif at in ("export", "export+extra", "link-export", "fake-marker"):
+        target = out if at != "link-export" else parent / "real-export"
+        shutil.copytree(template, target)
+        if at == "export+extra":
+            (target / "notes.md").write_text("mine")
+        if at == "fake-marker":
+            (target / "forge-manifest.json").write_text("{}")
+        if at == "link-export":
+            out.symlink_to(target)
+    elif at == "link-file":
+        out.symlink_to(parent / "f.txt")
+    elif at == "dangling":
+        out.symlink_to(parent / "nowhere")
+    given_out = Path(".") if at == "dot" else Path("..") if at == "dotdot" else out
+    replaceable = at == "missing" or at == "deep-missing" or (at == "export" and overwrite)
+    before = _tree(box)
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        export(src, given_out, ExportOptions(format="hf", overwrite=overwrite), log=lambda *_: None)
+        wrote = True
+    except ForgeError as e:
+        assert str(e).startswith(f"--out {given_out}") and "\n" not in str(e), e
+        wrote = False
+    finally:
+        os.chdir(old)
+    try:
+        assert wrote == replaceable, (at, overwrite)
+        if wrote:
+            assert not_an_export(out) is None
+            after = {k: v for k, v in _tree(box, skip=out).items() if k in before or box / k not in out.parents}
+            assert after == {k: v for k, v in before.items() if not (box / k == out or out in (box / k).parents)}
+        else:
+            assert _tree(box) == before
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
