@@ -29,6 +29,7 @@ import webbrowser
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.track.tracker import check_store_uri
 
 DEFAULT_PORT = 5050  # not 5000: macOS gives that to AirPlay
 MODEL_TRAINING = "workflowType=machine_learning"  # MLflow 3 opens experiments in its GenAI view otherwise
@@ -63,12 +64,17 @@ def resolve_store(args) -> tuple[str, str | None, str | None]:
         uri = f"sqlite:///{(Path(args.output) / 'mlflow.db').resolve()}"
     else:
         uri = args.tracking_uri
+    check_store_uri(uri)
     artifacts = args.artifacts
     if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file():
             raise ForgeError(f"no MLflow store at {db}: run the recipe first (forge run RECIPE), "
                              "or point at another with --output DIR / --tracking-uri URI")
+        with db.open("rb") as f:
+            if f.read(16) not in (b"SQLite format 3\x00", b""):
+                raise ForgeError(f"{db} is not an SQLite database (so not an MLflow store); point "
+                                 "--tracking-uri / --output at the store a forge run wrote")
         artifacts = artifacts or str(db.parent / "mlartifacts")
     return uri, experiment, artifacts
 

@@ -129,3 +129,13 @@ def test_tracking_uri_that_is_a_text_file_is_one_line(tmp_path, capsys, form):
     assert str(text) in err and ("is a file, not an MLflow store" in err or "not an MLflow database" in err)
     assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert text.read_text() == "just some notes\n" * 50
+
+
+@pytest.mark.parametrize("form", ["{}", "sqlite:///{}"])
+def test_ui_on_a_text_file_store_is_one_line(tmp_path, capsys, form):
+    text = tmp_path / "notes.txt"
+    text.write_text("just some notes\n" * 50)
+    assert cli.main(["ui", "--tracking-uri", form.format(text), "--port", "5999"]) == 2
+    err = capsys.readouterr().err
+    assert str(text) in err and ("is a file, not an MLflow store" in err or "not an SQLite database" in err)
+    assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
