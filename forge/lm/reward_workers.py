@@ -1,9 +1,10 @@
 """Python reward functions run in worker processes that forge can kill.
 
 A `RewardWorker` is one child process (`python -c`, its own session) that loads a `file.py:function` / `module:function`
-reward by its source string (forge.usercode) and calls it on request; the arguments and the
-answer cross its stdin/stdout as pickled plain lists and dicts (numpy values are turned into Python numbers, other
-objects into an `Opaque` description). A call has a wall-clock deadline: past it the worker is
+reward by its source string (forge.usercode) and calls it on request; the arguments cross its
+stdin as forge's own plain lists and dicts, and the answer comes back as JSON (numpy values are
+turned into Python numbers, other objects into an `Opaque` description), so forge never unpickles
+what user code produced. A call has a wall-clock deadline: past it the worker is
 killed (SIGKILL, its process group with it) and the next call starts a fresh one. A worker that
 exits (`sys.exit`, `os._exit`), crashes or sends an oversized answer fails the call with a
 `WorkerFailed` saying what happened. The worker ignores SIGINT (forge decides when it ends) and
@@ -19,8 +20,8 @@ import asyncio
 import contextlib
 import inspect
 import multiprocessing.connection as mpc
+import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -58,6 +59,23 @@ class Opaque:
 
     def __repr__(self) -> str:
         return self.text
+
+
+def _reply(send: mpc.Connection, kind: str, value: object) -> None:
+    """An answer to forge, as JSON (Opaque items as {"__opaque__": [type, repr]})."""
+    def encode(o: object) -> object:
+        if isinstance(o, Opaque):
+            return {"__opaque__": [o.type_name, o.text]}
+        raise TypeError(type(o).__name__)
+    send.send_bytes(json.dumps([kind, value], default=encode).encode())
+
+
+def _opaque(d: dict[str, Any]) -> object:
+    if set(d) == {"__opaque__"}:
+        item = Opaque(None)
+        item.type_name, item.text = d["__opaque__"]
+        return item
+    return d
 
 
 def plain(value: object) -> object:
@@ -184,7 +202,7 @@ class RewardWorker:
                     except OSError:
                         self.close()
                         raise WorkerFailed(f"its answer is over {MAX_ANSWER_BYTES // 2**20} MiB") from None
-                    kind, value = pickle.loads(data)
+                    kind, value = json.loads(data, object_hook=_opaque)
                     return str(kind), value
                 if proc.poll() is not None:
                     raise WorkerFailed(self._death())
@@ -237,9 +255,9 @@ def serve(recv: mpc.Connection, send: mpc.Connection, source: str, root: str | N
     try:
         fn = load_function(source, None if root is None else Path(root), "reward")
     except ForgeError as e:
-        send.send(("error", str(e)))
+        _reply(send, "error", str(e))
         return
-    send.send(("ready", None))
+    _reply(send, "ready", None)
     while True:
         try:
             prompts, completions, fields = recv.recv()
@@ -251,11 +269,11 @@ def serve(recv: mpc.Connection, send: mpc.Connection, source: str, root: str | N
                 answer = asyncio.run(_awaited(answer))
             reply: tuple[str, object] = ("ok", plain(answer))
         except SystemExit as e:
-            send.send(("exit", f"the reward called sys.exit({e.code!r})"))
+            _reply(send, "exit", f"the reward called sys.exit({e.code!r})")
             return
         except Exception as e:
             reply = ("raised", f"{type(e).__name__}: {e}")
-        send.send(reply)
+        _reply(send, *reply)
 
 
 async def _awaited(answer: Any) -> object:

@@ -12,7 +12,8 @@ from servers import forge_ui, postgres_cluster
 
 @pytest.mark.slow
 def test_recipe_tracked_to_postgres_backed_server(tmp_path):
-    with postgres_cluster() as db, forge_ui("--tracking-uri", db, "--artifacts", str(tmp_path / "artifacts")) as (_, url, base):
+    with postgres_cluster() as db, forge_ui("--tracking-uri", db, "--artifacts", str(tmp_path / "artifacts")) as ui:
+        url, base = ui.url, ui.base
         assert url.startswith(f"{base}/#/experiments?workflowType=machine_learning")  # no experiment yet
         recipe = base_recipe(tmp_path, stages=[pretrain_stage("cpt", max_steps=3)],
                              tracking={"uri": base, "alias": "team"})
