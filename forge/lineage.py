@@ -20,6 +20,14 @@ from forge.scrub import scrub_dict
 LINEAGE_VERSION = 1  # 0: the untyped dict forge wrote before it had a version field (same shape)
 
 
+def _without_absent(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The serialised record without the optional keys that are None (absent, not null, in the JSON)."""
+    for key in keys:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
+
+
 class _Record(BaseModel):
     """A lineage record: unknown keys are an error, and optional parts that are absent stay absent
     in the JSON (rather than written as null)."""
@@ -29,11 +37,7 @@ class _Record(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in self.omitted_when_none:
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
+        return _without_absent(handler(self), self.omitted_when_none)
 
 
 class BaseRecord(_Record):
@@ -96,10 +100,7 @@ class StageRecord(_Record):
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in self.omitted_when_none:
-            if data.get(key) is None:
-                data.pop(key, None)
+        data = _without_absent(handler(self), self.omitted_when_none)
         extras = data.pop("extras", {})
         return {**data, **extras}
 
