@@ -13,6 +13,7 @@ from servers import adopt_orphans, descendants, end_leftovers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # as forge.track sets it; tests import mlflow directly too
 # session-wide too (module-scoped fixtures run before function-scoped ones): calibration records
 # and hardware overrides never reach the user's home
 _HOME = tempfile.mkdtemp(prefix="forge-test-home-")

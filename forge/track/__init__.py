@@ -16,6 +16,13 @@ Store faults: a SQLite store is created in a temporary file and linked into plac
 never leaves half a schema), and an existing one is checked before use (damaged, half-built,
 another schema, locked: a forge error naming it, at once, not after MLflow's minute of retries).
 """
+
+import os
+
+# MLflow's usage telemetry: nothing leaves the machine from forge, and its background thread sets and
+# unsets an environment variable that other threads then read (seen as a KeyError mid-run)
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 from forge.track.export import fetch_registered_model, find_novella_run, log_export, registered_versions_of_run
 from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
                                metric_name, summary_value)
