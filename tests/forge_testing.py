@@ -184,3 +184,28 @@ def memorise(model, tok, texts, steps=120):
         opt.step()
         opt.zero_grad()
     return model
+
+
+def _hold_folder(out, fingerprint, ready, done):
+    from forge.rundir import RunFolder
+
+    with RunFolder.open(out, fingerprint):
+        ready.set()
+        done.wait(60)
+
+
+@contextlib.contextmanager
+def folder_held_by_another_process(out, fingerprint=None):
+    """A forked process holding the run folder `out` (its lock) until the block ends; yields it (its pid)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold_folder, args=(out, fingerprint or {"name": "tiny"}, ready, done))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        yield proc
+    finally:
+        done.set()
+        proc.join(30)

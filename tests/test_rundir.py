@@ -4,7 +4,6 @@ changed recipe (or data, or base) unless told otherwise."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from forge import cli
 from forge.errors import ForgeError
 from forge.rundir import RunFolder, recipe_fingerprint
-from forge_testing import base_recipe, crash_after, pretrain_stage, write_recipe
+from forge_testing import base_recipe, crash_after, folder_held_by_another_process, pretrain_stage, write_recipe
 
 FP = {"name": "tiny", "stages[0].optim.lr": 0.003, "stages[0].max_steps": 4}
 
@@ -61,25 +60,11 @@ def test_resume_refuses_a_changed_recipe_naming_the_fields(tmp_path):
             folder.check_inputs({"data.general": "bbb", "base": "b1"})
 
 
-def _hold(out, ready, done):
-    with RunFolder.open(out, FP):
-        ready.set()
-        done.wait(30)
-
-
 def test_second_run_on_a_folder_says_who_holds_it(tmp_path):
     out = tmp_path / "out"
-    ctx = mp.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold, args=(out, ready, done))
-    proc.start()
-    try:
-        assert ready.wait(30)
+    with folder_held_by_another_process(out, FP) as proc:
         with pytest.raises(ForgeError, match=rf"in use by another forge run \(pid {proc.pid} on "):
             _open(out, resume=True)
-    finally:
-        done.set()
-        proc.join(30)
     with _open(out, resume=True):  # released when the holder ends
         pass
 
@@ -184,16 +169,8 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
 def test_second_run_is_refused_before_the_plan_is_printed(tmp_path, capsys):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)], tracking={"register_model": False})
     path = write_recipe(tmp_path / "r.yaml", recipe)
-    ctx = mp.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold, args=(tmp_path / "out", ready, done))
-    proc.start()
-    try:
-        assert ready.wait(30)
+    with folder_held_by_another_process(tmp_path / "out", FP) as proc:
         assert cli.main(["run", str(path)]) == 2
-    finally:
-        done.set()
-        proc.join(30)
     captured = capsys.readouterr()
     assert captured.out == "" and f"pid {proc.pid}" in captured.err
 

@@ -3,22 +3,13 @@ folder (naming its pid), refused on a folder that holds no run without writing i
 figures go to their own MLflow run: the run's params never keep a different value silently."""
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import mlflow
 import pytest
 
 from forge import cli
 from forge.errors import ForgeError
-from forge.rundir import RunFolder
 from forge.track import MlflowTracker
-from forge_testing import base_recipe, pretrain_stage, write_recipe
-
-
-def _hold(out, ready, done):
-    with RunFolder.open(out, {"name": "tiny"}):
-        ready.set()
-        done.wait(60)
+from forge_testing import base_recipe, folder_held_by_another_process, pretrain_stage, write_recipe
 
 
 def _listing(folder):
@@ -27,18 +18,10 @@ def _listing(folder):
 
 def test_eval_on_a_folder_held_by_a_run_is_refused_with_its_pid(tmp_path, capsys):
     path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)]))
-    ctx = mp.get_context("fork")
-    ready, done = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold, args=(tmp_path / "out", ready, done))
-    proc.start()
-    try:
-        assert ready.wait(30)
+    with folder_held_by_another_process(tmp_path / "out") as proc:
         before = _listing(tmp_path / "out")
         assert cli.main(["eval", str(path)]) == 2
         assert _listing(tmp_path / "out") == before  # no data cache, no base written
-    finally:
-        done.set()
-        proc.join(30)
     err = capsys.readouterr().err
     assert f"pid {proc.pid}" in err and "forge run" in err and len(err.strip().splitlines()) == 1
 
