@@ -22,10 +22,9 @@ from forge.data.examples import OnError, preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe.settings import DpoStage
-from forge.stages.post_data import chat_spec, split_rows
+from forge.stages.post_data import chat_spec, split_rows, tokens_by_source
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_dpo_samples
-from forge.stages.sft import tokens_by_source
 from forge.track.protocol import StageTracker
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import IGNORE, Loss
@@ -144,8 +143,7 @@ class Reference:
             with s.accelerator.main_process_first():
                 self.cached = cached_reference(stage, s, splits, s.place.out_dir)
         else:
-            self.live, _ = s.checkpoints.load_model(s.place.checkpoint)
-            self.live.to(s.device).eval().requires_grad_(False)
+            self.live = s.frozen_input()
 
     def batch(self, split: str, idx: list[int]) -> dict[str, torch.Tensor]:
         """The pairs `idx` of a split, collated, with their cached reference log-probs."""

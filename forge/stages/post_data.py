@@ -1,11 +1,12 @@
 """What the post-training stages (SFT, DPO, RFT) read: a source's chat records (its `chat:` spec,
-with the stage's loss choice) and the training or held-out split of its rows."""
+with the stage's loss choice), the training or held-out split of its rows, and how the tokens
+trained on are shared out over the sources."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Iterator, Literal
 
-from forge.data.formats import FormatSpec
+from forge.data.formats import FormatSpec, FormatStats
 from forge.data.mixing import in_holdout
 from forge.data.sources import Source
 from forge.errors import ForgeError
@@ -28,3 +29,10 @@ def split_rows(source: Source, held_out: bool) -> Iterator[tuple[int, str, objec
     for number, where, row in source.rows():
         if in_holdout(source.name, number, source.holdout) == held_out:
             yield number, where, row
+
+
+def tokens_by_source(counts: dict[str, FormatStats], tokens: int) -> dict[str, int]:
+    """The tokens trained on, split over the sources by their share of the encoded tokens."""
+    share = {n: c.tokens for n, c in counts.items()}
+    total = max(1, sum(share.values()))
+    return {n: round(tokens * v / total) for n, v in share.items()}

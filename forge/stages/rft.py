@@ -179,8 +179,7 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[dict[str, Any]], rew
         torch.manual_seed(stage.seed + s.rank)
     ref = None
     if stage.kl_beta:
-        ref, _ = s.checkpoints.load_model(inputs.checkpoint)
-        ref.to(s.device).eval().requires_grad_(False)
+        ref = s.frozen_input()
     data = PromptStream(rows)
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
     task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,

@@ -20,7 +20,7 @@ from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
 from forge.lm.generation import Sampling, generate
 from forge.recipe.settings import SftStage
-from forge.stages.post_data import chat_spec, split_rows
+from forge.stages.post_data import chat_spec, split_rows, tokens_by_source
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
 from forge.train.loop import Outcome, Task, fit
@@ -156,13 +156,6 @@ def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], t
                "train_on": stage.train_on or "source", "packing": stage.packing,
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
     return Outcome(metrics, tokens_by_source(counts, tokens), lineage)
-
-
-def tokens_by_source(counts: dict[str, FormatStats], tokens: int) -> dict[str, int]:
-    """The tokens trained on, split over the sources by their share of the encoded tokens."""
-    share = {n: c.tokens for n, c in counts.items()}
-    total = max(1, sum(share.values()))
-    return {n: round(tokens * v / total) for n, v in share.items()}
 
 
 def _sample_prompts(stage: SftStage, sources: dict[str, Any], held: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

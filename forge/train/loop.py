@@ -80,15 +80,18 @@ class _Ranks:
         self.tokens += tokens
         self.stats, self.targets = out.stat_sums, out.targets  # the last step's, per target
 
-    def reduce(self) -> tuple[int, dict[str, float]]:
-        """(real tokens since the last call, all ranks; the last step's statistics, all ranks)."""
-        keys = sorted(self.stats)
+    def flush(self, state: TrainState, meter: Meter, stats: bool = True) -> dict[str, float]:
+        """Add the real tokens since the last flush, summed over ranks, to `state` and `meter`; return
+        the last step's statistics over all ranks (in the same all-reduce), or {} without `stats`."""
+        keys = sorted(self.stats) if stats else []
         local = torch.tensor([float(self.tokens)] + [self.stats[k] for k in keys], dtype=torch.float64)
         if self.s.world > 1:
             local = self.s.accelerator.reduce(local.to(self.s.device), "sum").cpu()
         self.tokens = 0
         values = local.tolist()
-        return int(values[0]), {k: v / max(self.targets, 1) for k, v in zip(keys, values[1:])}
+        state.tokens += int(values[0])
+        meter.add(int(values[0]))
+        return {k: v / max(self.targets, 1) for k, v in zip(keys, values[1:])}
 
 
 def _evaluate(task: Task, tracker: Tracker, step: int) -> dict[str, float]:
@@ -110,9 +113,7 @@ def _start(s: Session, task: Task, tracker: Tracker, state: TrainState, guard: D
 def _log(s: Session, task: Task, tracker: Tracker, state: TrainState,
          ctx: tuple[Meter, _Ranks, StepResult]) -> dict[str, float]:
     meter, ranks, out = ctx
-    tokens, stats = ranks.reduce()
-    state.tokens += tokens
-    meter.add(tokens)
+    stats = ranks.flush(state, meter)
     row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": meter.window_tokens_per_s(), "tokens": state.tokens,
            **stats, **(task.row(out) if task.row is not None else {})}
     if out.grad_norm is not None:
@@ -132,9 +133,7 @@ def _periodic(s: Session, task: Task, tracker: Tracker, state: TrainState, ctx: 
         if task.samples is not None and cfg.samples.every and step % cfg.samples.every == 0:
             task.samples(step)
         if not last and (out.halt or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0)):
-            tokens, _ = ranks.reduce()
-            state.tokens += tokens
-            meter.add(tokens)
+            ranks.flush(state, meter, stats=False)
             guard.last_good_checkpoint = s.save_resumable(state)
     if out.halt and not last:
         raise StopRequested(cfg.name, step, guard.last_good_checkpoint)

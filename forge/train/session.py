@@ -71,6 +71,11 @@ class Session:
         model: torch.nn.Module = self.accelerator.unwrap_model(self.model)
         return model
 
+    def frozen_input(self) -> Any:
+        """A frozen copy of the stage's input checkpoint on this device (a reference model)."""
+        model, _ = self.checkpoints.load_model(Path(self.place.checkpoint))
+        return model.to(self.device).eval().requires_grad_(False)
+
     def restore(self, state: TrainState) -> bool:
         """Load the resume point into `state`; False when starting fresh."""
         if self.resume_from is None:

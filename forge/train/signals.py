@@ -51,13 +51,3 @@ class GracefulStop:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def agreed(requested: bool, accelerator: Any) -> bool:
-    """Whether any rank was asked to stop (all ranks then checkpoint and stop at the same step)."""
-    if accelerator.num_processes == 1:
-        return requested
-    import torch
-
-    flag = torch.tensor(1.0 if requested else 0.0, device=accelerator.device)
-    return bool(accelerator.reduce(flag, "sum").item() > 0)
