@@ -1,5 +1,22 @@
 """Errors that forge reports to users as a clear message rather than a traceback."""
+from __future__ import annotations
+
+from pathlib import Path
 
 
 class ForgeError(Exception):
     """A problem the user can fix: bad recipe, bad data, missing file. The CLI prints it plainly."""
+
+
+def not_safetensors(path: Path, error: Exception) -> ForgeError:
+    """The one line for a weights file whose safetensors header does not parse (often a pickle or
+    a torch.save archive given the .safetensors name)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        head = b""
+    kind = {b"PK": " (it looks like a torch.save archive)"}.get(head, " (it looks like a pickle)"
+                                                                if head[:1] == b"\x80" else "")
+    return ForgeError(f"{path}: not a safetensors file{kind}: {str(error).splitlines()[0][:120]}; "
+                      "re-save the model with save_pretrained(safe_serialization=True)")

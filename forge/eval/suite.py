@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge.data.mixing import in_holdout
-from forge.errors import ForgeError
+from forge.errors import ForgeError, not_safetensors
 from forge.kinds import row
 from forge.eval import evaluators as E
 from forge.lm.perplexity import source_blocks
@@ -157,8 +157,7 @@ def load(path: str | Path, device):
         model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
     except SafetensorError as e:  # often a pickle or torch.save archive given the .safetensors name
         bad = next((f for f in sorted(path.glob("*.safetensors")) if not _parses(f)), path)
-        raise ForgeError(f"{bad}: not a safetensors file ({str(e).splitlines()[0][:120]}); re-save the model "
-                         "with save_pretrained(safe_serialization=True)") from None
+        raise not_safetensors(bad, e) from None
     return model.to(device), AutoTokenizer.from_pretrained(path)
 
 

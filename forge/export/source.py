@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 import yaml
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, not_safetensors
 from forge.lineage import Lineage
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
@@ -129,20 +129,6 @@ def tensor_specs(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]
         except SafetensorError as e:
             raise not_safetensors(path, e) from None
     return specs
-
-
-def not_safetensors(path: Path, error: Exception) -> ForgeError:
-    """The one line for a weights file whose safetensors header does not parse (often a pickle or
-    a torch.save archive given the .safetensors name)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError:
-        head = b""
-    kind = {b"PK": " (it looks like a torch.save archive)"}.get(head, " (it looks like a pickle)"
-                                                                if head[:1] == b"\x80" else "")
-    return ForgeError(f"{path}: not a safetensors file{kind}: {str(error).splitlines()[0][:120]}; "
-                      "re-save the model with save_pretrained(safe_serialization=True)")
 
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
