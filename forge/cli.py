@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(p)
     p.set_defaults(func=eval_command.run)
+    from forge.catalog import command as catalog_command  # `forge catalog`
+
+    p = sub.add_parser("catalog", help="foundation families: phase checkpoints and curated data",
+                       description=catalog_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    catalog_command.add_arguments(p)
+    p.set_defaults(func=catalog_command.run)
     from forge import ui  # `forge ui`
 
     p = sub.add_parser("ui", help="open the MLflow UI on a run's store", description=ui.__doc__,
