@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge import catalog
 from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
 from forge.data.sources import Source, find_files, is_saved_dataset
@@ -24,9 +25,13 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
 
 def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
-    common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout}
+    common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout,
+              "max_records": cfg.max_records, "max_tokens": cfg.max_tokens}
+    if cfg.source is not None:
+        return _curated(name, cfg, fields, common)
     if cfg.hub is not None:
-        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split, **common)
+        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=cfg.hub, hub_split=cfg.hub_split,
+                      hub_revision=cfg.revision, **common)
     if cfg.generate is not None:
         g = cfg.generate
         path = write_generated(g.kind, g.documents, g.seed, generated_dir / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl")
@@ -40,6 +45,19 @@ def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary, **common)
 
 
+def _curated(name: str, cfg: DataSource, fields: tuple[str, ...], common: dict) -> Source:
+    """A curated set (its text field, chat format and holdout are already on `cfg`, from the
+    catalog): a built family's local file, or a hub dataset streamed at its pinned revision."""
+    found = catalog.curated(cfg.source or "")
+    if found.hub is not None:
+        return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=found.hub, hub_split=found.split,
+                      hub_revision=cfg.revision or found.revision, hub_data_files=found.data_files, **common)
+    if found.path is None or not found.path.is_file():
+        why = catalog.build_note(found.ref) if catalog.unbuilt(found.ref) else f"{found.path} is missing"
+        raise ForgeError(f"data.{name}.source: {found.ref}: {why}")
+    return Source(name, (found.path,), cfg.format, fields, cfg.split, cfg.proprietary, **common)
+
+
 @dataclass
 class Inputs:
     raw: dict[str, Source]          # the sources as the recipe names them
@@ -47,6 +65,7 @@ class Inputs:
     sources: dict[str, Source]      # what stages read: hygiene's cleaned cache where it applies
     hygiene: dict[str, int]         # hygiene counts (never the values found)
     base: Path                      # the first stage's input checkpoint
+    catalog: dict | None = None     # a catalog base: family, phase, point, location, revision (lineage)
 
 
 def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
@@ -57,13 +76,17 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data")
-    if isinstance(recipe.base, str):
+    found = None
+    if catalog.is_ref(recipe.base):
+        found = catalog.resolve(recipe.base).record()
+        base = catalog.checkpoint(recipe.base, log=print)
+    elif isinstance(recipe.base, str):
         base = Path(recipe.base)
     else:
         scratch = recipe.base.scratch
         key = scratch_key(scratch, [fingerprints[n] for n in scratch.tokenizer_sources])
         base = build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
-    return Inputs(raw, fingerprints, sources, hygiene, base)
+    return Inputs(raw, fingerprints, sources, hygiene, base, found)
 
 
 def input_fingerprints(recipe: Recipe, inputs: Inputs) -> dict[str, str]:

@@ -37,19 +37,10 @@ def cached(phase: CatalogPhase) -> Path | None:
         return None
     if phase.hub is None:
         return phase.path if phase.path is not None and (phase.path / "config.json").is_file() else None
-    import os
-
-    saved = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        return hub.checkpoint(phase)
+        return hub.checkpoint(phase, download=False)
     except ForgeError:
         return None
-    finally:
-        if saved is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved
 
 
 def unbuilt(ref: Any) -> str | None:

@@ -25,21 +25,27 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def snapshot(repo: str, revision: str, what: str, log: Callable[[str], None] | None = None) -> Path:
-    """The local snapshot of `repo` at `revision` (downloaded when absent and online)."""
+def snapshot(repo: str, revision: str, what: str, log: Callable[[str], None] | None = None,
+             download: bool = True) -> Path:
+    """The local snapshot of `repo` at `revision` (downloaded when absent, online and `download`)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, \
         RevisionNotFoundError
 
-    cache, local_only = hub_cache(), offline()
-    if log is not None and not local_only:
-        log(f"forge: fetching {what} (hf://{repo}@{revision}) into {cache}; later runs reuse it")
-    try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache), local_files_only=local_only))
+    cache = hub_cache()
+    try:  # already in the cache: no network, nothing printed
+        return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache), local_files_only=True))
     except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if local_only else "the Hub could not be reached"
-        raise ForgeError(f"{what}: hf://{repo}@{revision} is not in the cache {cache} and {why}; download it "
-                         "once online (or point HF_HUB_CACHE at a cache that holds it)") from None
+        if offline() or not download:
+            raise ForgeError(f"{what}: hf://{repo}@{revision} is not in the cache {cache} and HF_HUB_OFFLINE is set; "
+                             "download it once online (or point HF_HUB_CACHE at a cache that holds it)") from None
+    if log is not None:
+        log(f"forge: downloading {what} (hf://{repo}@{revision}) once into {cache}; later runs reuse it")
+    try:
+        return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache)))
+    except LocalEntryNotFoundError:
+        raise ForgeError(f"{what}: hf://{repo}@{revision} is not in the cache {cache} and the Hub could not be "
+                         "reached; download it once online (or point HF_HUB_CACHE at a cache that holds it)") from None
     except RevisionNotFoundError:
         raise ForgeError(f"{what}: hf://{repo} has no revision {revision!r}") from None
     except RepositoryNotFoundError:
@@ -49,8 +55,9 @@ def snapshot(repo: str, revision: str, what: str, log: Callable[[str], None] | N
         raise ForgeError(f"{what}: downloading hf://{repo}@{revision} failed: {str(e).splitlines()[0][:200]}") from None
 
 
-def checkpoint(phase: CatalogPhase, log: Callable[[str], None] | None = None) -> Path:
-    """A local folder holding the phase's config, weights and tokenizer."""
+def checkpoint(phase: CatalogPhase, log: Callable[[str], None] | None = None, download: bool = True) -> Path:
+    """A local folder holding the phase's config, weights and tokenizer (`download`: False, only
+    what is already in the cache, else a ForgeError)."""
     if not phase.built:
         raise ForgeError(f"{phase.ref} is not built yet; `forge run` of a recipe using it builds it first")
     if phase.hub is None:
@@ -59,17 +66,18 @@ def checkpoint(phase: CatalogPhase, log: Callable[[str], None] | None = None) ->
             raise ForgeError(f"{phase.ref}: {phase.path} holds no config.json (moved or deleted? "
                              f"forge catalog remove {phase.family}@{phase.phase}, then add it again)")
         return phase.path
-    folder = snapshot(phase.hub, phase.revision or "main", phase.ref, log)
+    folder = snapshot(phase.hub, phase.revision or "main", phase.ref, log, download)
     if any((folder / n).is_file() for n in TOKENIZER_FILES) or not phase.tokenizer_from:
         return folder
-    return _with_tokenizer(phase, folder, log)
+    return _with_tokenizer(phase, folder, log, download)
 
 
-def _with_tokenizer(phase: CatalogPhase, folder: Path, log: Callable[[str], None] | None) -> Path:
+def _with_tokenizer(phase: CatalogPhase, folder: Path, log: Callable[[str], None] | None, download: bool) -> Path:
     """A checkpoint branch without tokenizer files (SmolLM3's intermediate checkpoints): a folder of
     links to the snapshot's files plus the family's tokenizer files, under FORGE_HOME."""
     assert phase.tokenizer_from is not None
-    tok = snapshot(phase.tokenizer_from["hub"], phase.tokenizer_from["revision"], f"{phase.ref} tokenizer", log)
+    tok = snapshot(phase.tokenizer_from["hub"], phase.tokenizer_from["revision"], f"{phase.ref} tokenizer", log,
+                   download)
     out = forge_home() / "assembled" / f"{phase.family}@{phase.phase}-{folder.name[:12]}"
     if (out / "config.json").exists():
         return out

@@ -51,12 +51,16 @@ class Source:
     max_errors: int = 100
     skipped: dict = field(default_factory=dict, compare=False)  # (file, line) -> reason, for on_error: skip
     chat: object = field(default=None, compare=False)  # forge.data.formats.FormatSpec of chat records, else None
+    hub_revision: str | None = None      # a hub dataset's pinned revision (branch, tag or commit)
+    hub_data_files: str | None = None    # a hub dataset's files to read (a glob in the repository)
+    max_records: int | None = None       # read at most this many records
+    max_tokens: int | None = None        # read at most about this many tokens (CHARS_PER_TOKEN characters each)
 
     @property
     def location(self) -> str:
         """Where the source lives, for MLflow dataset inputs and lineage."""
         if self.hub:
-            return f"hf://datasets/{self.hub}"
+            return f"hf://datasets/{self.hub}" + (f"@{self.hub_revision}" if self.hub_revision else "")
         if self.saved_dataset is not None:
             return str(self.saved_dataset)
         return str(self.files[0] if len(self.files) == 1 else self.files[0].parent)
@@ -68,7 +72,8 @@ class Source:
             try:
                 if isinstance(item, ForgeError):  # the reader's stand-in for a bad line
                     raise item
-                text = item if isinstance(item, str) else self._text(item, path, line)
+                text = item if isinstance(item, str) else self._chat_text(item, path, line) \
+                    if self.chat is not None else self._text(item, path, line)
             except ForgeError as e:
                 self._skip(path, line, e)
                 continue
@@ -81,8 +86,18 @@ class Source:
             yield n, f"{path}:line {line}", item
 
     def _items(self) -> Iterator[tuple[Path | str, int, str | dict | ForgeError]]:
+        """Every item, within the source's record and token budgets."""
+        chars, budget = 0, None if self.max_tokens is None else self.max_tokens * CHARS_PER_TOKEN
+        for n, item in enumerate(self._all_items(), start=1):
+            if (self.max_records is not None and n > self.max_records) or (budget is not None and chars >= budget):
+                return
+            chars += _chars(item[2])
+            yield item
+
+    def _all_items(self) -> Iterator[tuple[Path | str, int, str | dict | ForgeError]]:
         if self.hub is not None:
-            for i, row in enumerate(_hub_rows(self.hub, self.hub_split), start=1):
+            for i, row in enumerate(_hub_rows(self.hub, self.hub_split, self.hub_revision, self.hub_data_files),
+                                    start=1):
                 yield self.location, i, row
         elif self.saved_dataset is not None:
             for i, row in enumerate(_saved_dataset_rows(self.saved_dataset), start=1):
@@ -125,11 +140,21 @@ class Source:
             parts.append(value)
         return "\n".join(parts)
 
+    def _chat_text(self, row: dict, path: Path, line: int) -> str:
+        """A chat record as plain text (a text stage replaying instruction data): one `role: content`
+        line per message, as forge's default chat template renders them."""
+        from forge.data.formats import to_messages
+
+        return "\n".join(f"{m['role']}: {m['content']}" for m in to_messages(row, self.chat, f"{path}:line {line}"))
+
     def fingerprint(self) -> str:
         """sha256 of every file's bytes, in order, plus the reader settings (a hub source: its id)."""
         h = hashlib.sha256()
         settings = {"format": self.format, "text_fields": self.text_fields, "split": self.split,
                     "hub": self.hub, "hub_split": self.hub_split}
+        budget = {"hub_revision": self.hub_revision, "hub_data_files": self.hub_data_files,
+                  "max_records": self.max_records, "max_tokens": self.max_tokens}
+        settings.update({k: v for k, v in budget.items() if v is not None})  # unchanged for sources without
         h.update(json.dumps(settings, sort_keys=True).encode())
         for path in self.files:
             h.update(path.name.encode())
@@ -312,8 +337,25 @@ def _read_json(path: Path) -> Iterator[tuple[int, dict]]:
         yield i, row
 
 
-def _hub_rows(dataset_id: str, split: str) -> Iterator[dict]:
-    """A hub dataset, streamed (never downloaded whole); needs network."""
+CHARS_PER_TOKEN = 4  # a token budget read without a tokenizer: ~4 characters of English text per token
+# (OpenAI, "What are tokens and how to count them": one token is about 4 characters of English)
+
+
+def _chars(item: object) -> int:
+    """Characters of text in an item (a row's string values, nested ones too)."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, dict):
+        return sum(_chars(v) for v in item.values())
+    if isinstance(item, list):
+        return sum(_chars(v) for v in item)
+    return 0
+
+
+def _hub_rows(dataset_id: str, split: str, revision: str | None = None, data_files: str | None = None
+              ) -> Iterator[dict]:
+    """A hub dataset, streamed (never downloaded whole) at `revision`, its `data_files` only when
+    given; needs network."""
     import os
 
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
@@ -321,10 +363,12 @@ def _hub_rows(dataset_id: str, split: str) -> Iterator[dict]:
                          "(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); use a local copy (datasets save_to_disk) instead")
     from datasets import load_dataset
 
+    extra = {k: v for k, v in (("revision", revision), ("data_files", data_files)) if v is not None}
     try:
-        yield from load_dataset(dataset_id, split=split, streaming=True)
+        yield from load_dataset(dataset_id, split=split, streaming=True, **extra)
     except (OSError, ValueError, ConnectionError) as e:
-        raise ForgeError(f"hub dataset {dataset_id!r} (split {split!r}) could not be read: {e}") from None
+        at = f"@{revision}" if revision else ""
+        raise ForgeError(f"hub dataset {dataset_id!r}{at} (split {split!r}) could not be read: {e}") from None
 
 
 def _saved_dataset_rows(root: Path) -> Iterator[dict]:
