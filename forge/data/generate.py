@@ -60,6 +60,10 @@ def _facts(rng: random.Random) -> str:
 def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
     """Write `documents` generated documents of `kind` (stories | facts) as JSONL (atomically;
     reused if already written)."""
+    if kind.startswith("kb_"):  # the knowledge base's documents, QA records and eval set (forge/data/kb.py)
+        from forge.data.kb import write_kb
+
+        return write_kb(kind, documents, seed, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path

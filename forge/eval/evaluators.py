@@ -1,19 +1,18 @@
 """Evaluators: plain functions over a model (and tokenizer) and data, each returning named figures.
 
-perplexity per source, retention and domain gain against the starting checkpoint, fact recall by
-greedy generation (exact match and contains, on normalised answers), preference accuracy, and
-custom evaluators loaded from `file.py:function`. forge.eval.suite runs them for a recipe.
+perplexity per source, retention and domain gain against the starting checkpoint, preference
+accuracy, and custom evaluators loaded from `file.py:function`; fact recall and instruction
+following by greedy generation live in forge.eval.recall. forge.eval.suite runs them for a recipe.
 """
 from __future__ import annotations
 
-import re
-import string
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from forge.errors import ForgeError
+from forge.eval.recall import fact_recall, normalize_answer, separator_ids  # noqa: F401  (the suite's evaluators)
 from forge.lm.perplexity import source_losses
 from forge.usercode import load_function
 
@@ -44,55 +43,6 @@ def retention(model, start_model, blocks: dict[str, torch.Tensor], batch_size: i
     """Forgetting on general text: `retention.<s>` = ppl(model) / ppl(start_model) - 1."""
     now, start = perplexity(model, blocks, batch_size, device), perplexity(start_model, blocks, batch_size, device)
     return relative_change(now, start, list(blocks), [])
-
-
-# ------------------------------------------------------------------------------- fact recall
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans("", "", string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """Lower case, no punctuation, no articles, single spaces (the SQuAD normalisation)."""
-    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
-
-
-def separator_ids(tokenizer, separator: str) -> list[int]:
-    """What precedes a document in training: EOS (end of the one before) or BOS."""
-    sep = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
-    return [sep] if sep is not None else []
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int, device, separator: str = "eos") -> str:
-    """Greedy continuation of `prompt` (after the document separator), stopping at EOS or BOS
-    (a model trained with BOS between documents never emits EOS)."""
-    ids = torch.tensor([separator_ids(tokenizer, separator)
-                        + tokenizer(prompt, add_special_tokens=False)["input_ids"]], dtype=torch.long)
-    stops = [t for t in (tokenizer.eos_token_id, tokenizer.bos_token_id) if t is not None]
-    was_training = model.training
-    model.eval()
-    out = model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
-                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None,
-                         pad_token_id=stops[0] if stops else 0)
-    model.train(was_training)
-    new = [t for t in out[0, ids.shape[1]:].tolist() if t not in stops]
-    return tokenizer.decode(new, skip_special_tokens=True)
-
-
-def fact_recall(model, tokenizer, pairs: list[tuple[str, str]], max_new_tokens: int, device,
-                prompt: str = "{question}\n", separator: str = "eos") -> dict[str, float]:
-    """`fact_recall.exact`: the generation's first line, normalised, equals the normalised answer;
-    `fact_recall.contains`: the normalised answer appears in the normalised generation."""
-    if not pairs:
-        raise ForgeError("fact recall: no question/answer pairs to score")
-    exact = contains = 0
-    for question, answer in pairs:
-        text = generate(model, tokenizer, prompt.replace("{question}", question), max_new_tokens, device, separator)
-        want = normalize_answer(answer)
-        lines = [line for line in text.strip().splitlines() if line.strip()]
-        exact += normalize_answer(lines[0] if lines else "") == want
-        contains += bool(want) and want in normalize_answer(text)
-    return {"fact_recall.exact": exact / len(pairs), "fact_recall.contains": contains / len(pairs)}
 
 
 # ------------------------------------------------------------------------ preference accuracy

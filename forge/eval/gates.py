@@ -47,8 +47,7 @@ def check_gates(suite: EvalBlock, metrics: dict[str, float]) -> list[GateResult]
             out.append(_check("domain_ppl_decrease_min", f"domain_gain.{name}", metrics,
                               g.domain_ppl_decrease_min, "min"))
     if g.fact_recall_min is not None:
-        match = suite.fact_recall.match if suite.fact_recall else "contains"
-        out.append(_check("fact_recall_min", f"fact_recall.{match}", metrics, g.fact_recall_min, "min"))
+        out += [_check("fact_recall_min", name, metrics, g.fact_recall_min, "min") for name in _recall_metrics(suite, metrics)]
     if g.preference_accuracy_min is not None:
         out.append(_check("preference_accuracy_min", "preference_accuracy", metrics, g.preference_accuracy_min, "min"))
     if g.reward_mean_min is not None:
@@ -56,6 +55,17 @@ def check_gates(suite: EvalBlock, metrics: dict[str, float]) -> list[GateResult]
     out += [_check(f"min.{k}", k, metrics, v, "min") for k, v in g.min.items()]
     out += [_check(f"max.{k}", k, metrics, v, "max") for k, v in g.max.items()]
     return out
+
+
+def _recall_metrics(suite: EvalBlock, metrics: dict[str, float]) -> list[str]:
+    """The fact-recall figures fact_recall_min gates: `fact_recall.<match>`, or with a split_field
+    every split's `fact_recall.<split>.<match>`."""
+    fr = suite.fact_recall
+    match = fr.match if fr else "contains"
+    if fr is None or fr.split_field is None:
+        return [f"fact_recall.{match}"]
+    per_split = sorted(k for k in metrics if k.startswith("fact_recall.") and k.endswith(f".{match}") and k.count(".") == 2)
+    return per_split or [f"fact_recall.<{fr.split_field}>.{match}"]
 
 
 def passed(results: list[GateResult]) -> bool:

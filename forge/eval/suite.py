@@ -10,10 +10,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge.data.formats import to_messages
 from forge.data.mixing import in_holdout
 from forge.errors import ForgeError, not_safetensors
 from forge.kinds import row
 from forge.eval import evaluators as E
+from forge.eval import recall
 from forge.lm.perplexity import source_blocks
 from forge.eval.reward import RewardRun, load_rewards, mean_reward
 from forge.lm.generation import Sampling
@@ -96,15 +98,20 @@ def primary_metric(suite: EvalBlock) -> str:
     return "reward.mean" if suite.reward is not None else "eval_loss"
 
 
-def _records(source, split: str) -> list[dict]:
+def _records(source, split: str, split_field: str | None = None) -> list[tuple[str, dict]]:
+    """(where, row) of the records in `split`: by the record's `split_field` when given, else by
+    the source's hashed holdout (the records no stage trains on)."""
     rows = []
     for record, where, row in source.rows():
         if isinstance(row, ForgeError):
             raise row
         if not isinstance(row, dict):
             raise ForgeError(f"{where}: data.{source.name}: expected a JSON record (question/answer or chosen/rejected)")
-        held = in_holdout(source.name, record, source.holdout)
-        if split == "all" or (split == "heldout") == held:
+        if split_field is not None:
+            keep = split == "all" or row.get(split_field) == split
+        else:
+            keep = split == "all" or (split == "heldout") == in_holdout(source.name, record, source.holdout)
+        if keep:
             rows.append((where, row))
     return rows
 
@@ -116,11 +123,47 @@ def _field(row: dict, key: str, where: str, what: str) -> str:
     return value
 
 
-def qa_pairs(suite: EvalBlock, sources: dict) -> list[tuple[str, str]]:
+def qa_pairs(suite: EvalBlock, sources: dict) -> dict[str, list[tuple[str, str]]]:
+    """Metric prefix -> (question, answer) pairs: `fact_recall`, or with a split_field
+    `fact_recall.<value>` for each value of that field (in order of appearance), each up to limit."""
     fr = suite.fact_recall
-    rows = _records(sources[fr.source], fr.split)[: fr.limit]
-    return [(_field(r, fr.question_field, w, "eval.fact_recall.question_field"),
-             _field(r, fr.answer_field, w, "eval.fact_recall.answer_field")) for w, r in rows]
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for w, r in _records(sources[fr.source], fr.split, fr.split_field):
+        if fr.split_field is None:
+            name = "fact_recall"
+        else:
+            value = r.get(fr.split_field)
+            if not isinstance(value, str) or not value.replace("_", "").replace("-", "").isalnum():
+                raise ForgeError(f"{w}: eval.fact_recall.split_field {fr.split_field!r}: expected a split name "
+                                 f"(letters, digits, _ or -), got {value!r}")
+            name = f"fact_recall.{value}"
+        pairs = groups.setdefault(name, [])
+        if len(pairs) < fr.limit:
+            pairs.append((_field(r, fr.question_field, w, "eval.fact_recall.question_field"),
+                          _field(r, fr.answer_field, w, "eval.fact_recall.answer_field")))
+    if not groups:
+        raise ForgeError(f"eval.fact_recall: data.{fr.source} has no {fr.split} records to ask")
+    return groups
+
+
+def instruct_pairs(suite: EvalBlock, sources: dict) -> list[tuple[list[dict], str]]:
+    """(prompt messages, reference reply) per record: a chat source's conversation up to its last
+    reply, or the rows' prompt_field and answer_field."""
+    ins, source = suite.instruct, sources[suite.instruct.source]
+    out = []
+    for w, r in _records(source, ins.split, ins.split_field)[: ins.limit]:
+        if source.chat is None:
+            out.append(([{"role": "user", "content": _field(r, ins.prompt_field, w, "eval.instruct.prompt_field")}],
+                        _field(r, ins.answer_field, w, "eval.instruct.answer_field")))
+            continue
+        messages = to_messages(r, source.chat, w)
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            raise ForgeError(f"{w}: eval.instruct: the conversation does not end with an assistant reply to score")
+        out.append((messages[:-1], messages[-1]["content"]))
+    if not out:
+        raise ForgeError(f"eval.instruct: data.{ins.source} has no {ins.split} records "
+                         f"(holdout {source.holdout}); set eval.instruct.split or the source's holdout")
+    return out
 
 
 def preference_pairs(suite: EvalBlock, sources: dict) -> list[tuple[str, str, str]]:
@@ -183,6 +226,7 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
     device = "cuda" if torch.cuda.is_available() else "cpu"
     customs = [(spec, E.load_custom(spec, root)) for spec in suite.custom]
     qa = qa_pairs(suite, sources) if suite.fact_recall else None
+    instruct = instruct_pairs(suite, sources) if suite.instruct else None
     prefs = preference_pairs(suite, sources) if suite.preference else None
     prompts = prompt_rows(suite, sources) if suite.reward else None
     rewards = load_rewards(suite.reward.rewards, root) if suite.reward else None  # bad sources fail before any model loads
@@ -216,7 +260,13 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
                 m.update(E.perplexity(model, blocks_cache[key], suite.batch_size, device))
             if qa is not None and fits(label, "fact_recall"):
                 fr = suite.fact_recall
-                m.update(E.fact_recall(model, tok, qa, fr.max_new_tokens, device, fr.prompt, suite.separator))
+                for name, pairs in qa.items():
+                    m.update(recall.fact_recall(model, tok, pairs, fr.max_new_tokens, device, fr.prompt,
+                                                suite.separator, fr.chat, name))
+            if instruct is not None and fits(label, "instruct"):
+                ins = suite.instruct
+                m.update(recall.instruction_following(model, tok, instruct, ins.max_new_tokens, device, ins.chat,
+                                                      suite.separator))
             if prefs is not None and fits(label, "preference"):
                 m.update(E.preference_accuracy(model, tok, prefs, device, suite.seq_len, suite.separator))
             if prompts is not None and fits(label, "reward"):

@@ -4,7 +4,8 @@ stage's output and the Novella), its gates, and the metric that decides the cham
 Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<source>` (held-out),
 `retention.<source>` (general sources: relative perplexity increase over the starting checkpoint),
 `domain_gain.<source>` (domain sources: relative perplexity decrease), `fact_recall.exact` /
-`fact_recall.contains`, `preference_accuracy`, `reward.mean` (weighted total) and
+`fact_recall.contains` (with a split_field: `fact_recall.<split>.exact`, e.g. `fact_recall.heldout.exact`),
+`instruct.accuracy` / `instruct.contains`, `preference_accuracy`, `reward.mean` (weighted total) and
 `reward.<source>.mean` per reward source, `<function>.<key>` for custom evaluators and
 `lm_eval.<task>.<metric>`.
 """
@@ -24,12 +25,33 @@ class FactRecall(Strict):
     source: str = Field(pattern=NAME, description="a data source of JSON records holding question and answer")
     question_field: str = "question"
     answer_field: str = "answer"
-    prompt: str = Field("{question}\n", description="the prompt; {question} is replaced by the question")
+    prompt: str = Field("{question}\n", description="the prompt; {question} is replaced by the question "
+                        "(with chat: the user turn's text)")
     match: Literal["exact", "contains"] = Field("contains", description="which score fact_recall_min gates")
     max_new_tokens: int = Field(32, gt=0, le=4096)
-    limit: int = Field(50, gt=0, description="at most this many questions (the first ones)")
+    limit: int = Field(50, gt=0, description="at most this many questions (the first ones; with split_field, per split)")
     split: Literal["all", "train", "heldout"] = Field(
         "all", description="all records (did it learn the facts?), or only the held-out / training ones")
+    split_field: str | None = Field(
+        None, description="a record field naming each question's split (e.g. train / heldout phrasings): figures "
+                          "per value, fact_recall.<value>.exact / .contains; default: the source's hashed holdout")
+    chat: bool = Field(False, description="ask through the model's chat template (its tokenizer's, else forge's "
+                                          "default, the one SFT trains with) as a user turn")
+
+
+class Instruct(Strict):
+    """Instruction following: greedy replies to prompts (a chat source's conversations without their
+    last reply, or prompt_field), exact match with the reference reply: `instruct.accuracy`
+    (the reply's first line) and `instruct.contains`."""
+
+    source: str = Field(pattern=NAME, description="chat records (the data source's chat:), or rows with prompt_field")
+    prompt_field: str = Field("prompt", description="without a chat: mapping on the source: the prompt text field")
+    answer_field: str = Field("response", description="without a chat: mapping on the source: the reference reply")
+    split: Literal["all", "train", "heldout"] = Field("heldout", description="which records (held-out: never trained on)")
+    split_field: str | None = Field(None, description="a record field naming its split; default: the hashed holdout")
+    chat: bool = Field(True, description="prompts through the model's chat template (else plain text)")
+    limit: int = Field(50, gt=0, description="at most this many prompts (the first ones)")
+    max_new_tokens: int = Field(48, gt=0, le=4096)
 
 
 class Preference(Strict):
@@ -80,7 +102,8 @@ class Gates(Strict):
         None, ge=0, description="largest allowed rise of a general source's perplexity over the start")
     domain_ppl_decrease_min: float | None = Field(
         None, le=1, description="smallest required fall of each domain source's perplexity")
-    fact_recall_min: float | None = Field(None, ge=0, le=1)
+    fact_recall_min: float | None = Field(None, ge=0, le=1, description="fact recall (eval.fact_recall.match); "
+                                          "with a split_field, on every split")
     preference_accuracy_min: float | None = Field(None, ge=0, le=1)
     reward_mean_min: float | None = Field(None, description="smallest allowed mean reward (eval.reward's weighted total)")
     min: dict[str, float] = Field(default_factory=dict, description="any metric: at least this value")
@@ -94,6 +117,7 @@ class EvalBlock(Strict):
         None, description="sources whose perplexity must hold (retention); default: the other sources stages train on")
     perplexity: list[str] = Field(default_factory=list, description="further sources to report perplexity on")
     fact_recall: FactRecall | None = None
+    instruct: Instruct | None = None
     preference: Preference | None = None
     reward: MeanReward | None = None
     custom: list[str] = Field(default_factory=list, description="evaluators as 'file.py:function'")
@@ -114,7 +138,8 @@ class EvalBlock(Strict):
     def sources(self) -> list[str]:
         """Every data source the suite reads."""
         names = [*(self.domain or []), *(self.general or []), *self.perplexity]
-        names += [x.source for x in (self.fact_recall, self.preference, self.reward) if x is not None and x.source]
+        names += [x.source for x in (self.fact_recall, self.instruct, self.preference, self.reward)
+                  if x is not None and x.source]
         return list(dict.fromkeys(names))
 
 

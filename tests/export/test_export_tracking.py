@@ -25,8 +25,8 @@ SHRINK = ["data.stories.generate.documents=400", "data.acme_facts.generate.docum
 def quickstart(tmp_path_factory):
     out = tmp_path_factory.mktemp("quickstart") / "run"
     overrides = SHRINK + [f"output={out}"]
-    assert cli.main(["run", str(REPO / "recipes" / "quickstart.yaml"), *overrides]) == 0
-    return load_recipe(REPO / "recipes" / "quickstart.yaml", overrides)
+    assert cli.main(["run", str(REPO / "tests" / "stages" / "quickstart_reference.yaml"), *overrides]) == 0
+    return load_recipe(REPO / "tests" / "stages" / "quickstart_reference.yaml", overrides)
 
 
 def _client(recipe):

@@ -14,7 +14,7 @@ OVERRIDES = ["stages[0].max_tokens=null", "stages[0].max_steps=20", "stages[0].s
 
 def test_quickstart_first_20_steps_match_the_recorded_losses(tmp_path):
     reference = json.loads((Path(__file__).parent / "quickstart20_reference.json").read_text())
-    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", [*OVERRIDES, f"output={tmp_path}"])
+    recipe = load_recipe(REPO / "tests" / "stages" / "quickstart_reference.yaml", [*OVERRIDES, f"output={tmp_path}"])
     inputs = prepare_inputs(recipe, tmp_path)
     tracker = Recorder()
     result = run_stage(recipe.stages[0], inputs.base, inputs.sources, tmp_path / "stage", tracker)

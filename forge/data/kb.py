@@ -1,0 +1,234 @@
+"""A synthetic proprietary knowledge base, deterministic from its seed: a fictional company's
+products (look-alike names with different values), specifications, prices that depend on tier and
+region, policies and support answers; written as paraphrase-augmented documents (continued
+pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
+a training phrasing and once in a held-out one (forge/data/kb_phrasings.yaml holds the phrasings).
+
+Recipes read it through `generate: {kind: kb_docs | kb_qa | kb_eval, documents: N, seed: S}`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+KINDS = ("kb_docs", "kb_qa", "kb_eval")
+SLOT = re.compile(r"\{(\w+)\}")
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "pl", "sk"]
+_VOWELS = ["a", "e", "i", "o", "u"]
+_CODAS = ["", "n", "r", "l", "x", "th", "sk", "nd", "rv", "lt"]
+_LETTERS = "BCDFGHKLMNPRSTVWXZ"
+_PARTS = ["intake filter", "coolant line", "drive belt", "sensor cable", "motor winding", "firmware image",
+          "battery cell", "feed roller", "door seal", "cooling fan", "optical lens", "rotor bearing",
+          "water tank", "licence key", "air compressor", "relief valve", "settings file", "antenna lead",
+          "power circuit", "carbon brush"]
+_FAULTS = ["blocked", "leaking", "worn", "loose", "overheated", "corrupted", "weak", "jammed", "cracked",
+           "stalled", "dirty", "misaligned", "empty", "expired", "failing", "stuck", "damaged", "disconnected",
+           "overloaded", "frayed"]
+TIERS = ("Standard", "Plus", "Enterprise")
+DISCOUNTS = {"Plus": 10, "Enterprise": 25}           # percent off the list price
+SURCHARGES = (10, 20, 30)                            # percent above list price, one per non-home region
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One thing the knowledge base states, with the exact value a question about it expects."""
+
+    id: str
+    attribute: str          # a key of kb_phrasings.yaml
+    slots: tuple            # ((slot, text), ...) filling the templates, besides {v}
+    value: str
+    entity: str             # the document that states it (a product, the price list, support)
+
+    def fill(self, template: str, value: bool = True) -> str:
+        slots = dict(self.slots, **({"v": self.value} if value else {}))
+        return SLOT.sub(lambda m: slots[m.group(1)], template)
+
+
+@dataclass
+class KnowledgeBase:
+    seed: int
+    company: str
+    facts: list[Fact]
+    intros: dict[str, str]               # entity -> its documents' first sentence
+    products: list[str] = field(default_factory=list)
+    look_alikes: list[tuple[str, ...]] = field(default_factory=list)  # products whose names differ by a suffix
+
+
+@lru_cache(maxsize=1)
+def phrasings() -> dict[str, dict[str, list[str]]]:
+    """attribute -> {state, ask, heldout} templates."""
+    return yaml.safe_load((Path(__file__).parent / "kb_phrasings.yaml").read_text(encoding="utf-8"))
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables - 1)).capitalize() \
+        + rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS[1:])
+
+
+def _names(rng: random.Random, n: int, syllables: int, taken: set[str]) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        w = _word(rng, syllables)
+        if w.lower() not in taken and all(w[:3] != o[:3] for o in out):  # invented, and unlike each other
+            taken.add(w.lower())
+            out.append(w)
+    return out
+
+
+@lru_cache(maxsize=4)
+def build(seed: int = 0, families: int = 8) -> KnowledgeBase:
+    """The knowledge base of `seed`: `families` product lines of three look-alikes each (24 products,
+    6 specifications and 2 tier-and-region prices apiece), the tier and region rules, and support
+    error codes (about 230 facts)."""
+    rng = random.Random(f"forge-kb:{seed}")
+    taken: set[str] = set()
+    company = _names(rng, 1, 3, taken)[0] + " Instruments"
+    fams, cities = _names(rng, families, 2, taken), _names(rng, 8, 2, taken)
+    home, *regions = _names(rng, 1 + len(SURCHARGES), 2, taken)
+    facts: list[Fact] = []
+    intros = {}
+    products, alikes = [], []
+
+    def add(attribute: str, entity: str, value: str, **slots: str) -> None:
+        key = "/".join([attribute, *slots.values()])
+        facts.append(Fact(key, attribute, tuple(slots.items()), value, entity))
+
+    for fam in fams:
+        code = rng.choice(_LETTERS) + str(rng.randint(2, 9))
+        names = [f"{fam} {code}", f"{fam} {code} Pro", f"{fam} {code}0"]
+        alikes.append(tuple(names))
+        prices = rng.sample(range(600, 4000, 200), 3)
+        weights, years = rng.sample(range(400, 9000, 50), 3), rng.sample(range(2009, 2025), 3)
+        hours, warranties = rng.sample(range(4, 40), 3), rng.sample(range(1, 8), 3)
+        for i, p in enumerate(names):
+            products.append(p)
+            intros[p] = f"The {p} is part of the {fam} line from {company}."
+            add("price", p, f"{prices[i]} euros", p=p)
+            add("weight", p, f"{weights[i]} grams", p=p)
+            add("warranty", p, f"{warranties[i]} years" if warranties[i] > 1 else "1 year", p=p)
+            add("battery", p, f"{hours[i]} hours", p=p)
+            add("factory", p, rng.choice(cities), p=p)
+            add("launched", p, str(years[i]), p=p)
+            combos = rng.sample([(t, r) for t in TIERS for r in [home, *regions] if (t, r) != ("Standard", home)], 2)
+            for tier, region in combos:
+                surcharge = 0 if region == home else SURCHARGES[regions.index(region)]
+                value = prices[i] * (100 + surcharge) * (100 - DISCOUNTS.get(tier, 0)) // 10_000
+                add("price_for", p, f"{value} euros", p=p, tier=tier, region=region)
+    intros["pricing"] = (f"{company} prices depend on the customer's tier and region. List prices apply to "
+                         f"Standard customers in the {home} region.")
+    for tier, pct in DISCOUNTS.items():
+        add("discount", "pricing", f"{pct} percent", tier=tier)
+    for region, pct in zip(regions, SURCHARGES):
+        add("surcharge", "pricing", f"{pct} percent", region=region)
+    intros["service"] = f"The service terms of {company}."
+    for tier, days, hours in zip(TIERS, rng.sample(range(14, 91, 7), 3), rng.sample([4, 8, 12, 24, 48, 72], 3)):
+        add("returns", "service", f"{days} days", tier=tier)
+        add("response", "service", f"{hours} hours", tier=tier)
+    for region, days in zip([home, *regions], rng.sample(range(1, 15), 1 + len(regions))):
+        add("shipping", "service", f"{days} days" if days > 1 else "1 day", region=region)
+    codes = _error_codes(rng, 20)
+    meanings = [f"{f} {p}" for f, p in zip(rng.sample(_FAULTS, 20), rng.sample(_PARTS, 20))]
+    for i, (code, meaning) in enumerate(zip(codes, meanings)):
+        entity = f"support-{i // 5}"
+        intros[entity] = f"{company} support: what the error codes on the display mean."
+        add("error", entity, meaning, code=code)
+    return KnowledgeBase(seed, company, facts, intros, products, alikes)
+
+
+def _error_codes(rng: random.Random, n: int) -> list[str]:
+    """Codes in look-alike pairs (E417 and E471: the same digits, swapped)."""
+    out: list[str] = []
+    while len(out) < n:
+        a, b, c = rng.sample(range(1, 10), 3)
+        pair = [f"E{a}{b}{c}", f"E{a}{c}{b}"]
+        if not set(pair) & set(out):
+            out += pair
+    return out[:n]
+
+
+# --------------------------------------------------------------------------------- outputs
+def entities(kb: KnowledgeBase) -> list[str]:
+    return list(dict.fromkeys(f.entity for f in kb.facts))
+
+
+def document(kb: KnowledgeBase, entity: str, rng: random.Random) -> str:
+    """One page about `entity`: its introduction, then each of its facts in a randomly chosen
+    phrasing, in a random order (paraphrase and permutation augmentation)."""
+    sentences = [f.fill(rng.choice(phrasings()[f.attribute]["state"])) for f in kb.facts if f.entity == entity]
+    rng.shuffle(sentences)
+    return " ".join([kb.intros[entity], *sentences])
+
+
+def documents(kb: KnowledgeBase, n: int) -> list[str]:
+    """`n` pages, the entities in turn (each entity's pages in different phrasings and orders)."""
+    rng, names = random.Random(f"forge-kb-docs:{kb.seed}"), entities(kb)
+    return [document(kb, names[i % len(names)], rng) for i in range(n)]
+
+
+def chat(question: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def qa_records(kb: KnowledgeBase, n: int) -> list[dict]:
+    """`n` SFT chat records: every fact in its first training phrasing, then every fact in its
+    second, and so on (a fact's phrasings cycle), so any n >= the fact count covers every fact."""
+    out, facts, rounds = [], kb.facts, 0
+    while len(out) < n:
+        for i, f in enumerate(facts):
+            asks = phrasings()[f.attribute]["ask"]
+            out.append(chat(f.fill(asks[(i + rounds) % len(asks)], value=False), f.value))
+            if len(out) == n:
+                break
+        rounds += 1
+    return out
+
+
+def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
+    """Each of the first `n` facts (all by default) asked twice: in a training phrasing (split
+    `train`, one the SFT records also use) and in a held-out one (split `heldout`, never in training
+    text). Records hold question, answer, split, fact, attribute and template."""
+    out = []
+    for i, f in enumerate(kb.facts[:n]):
+        p = phrasings()[f.attribute]
+        for split, templates in (("train", p["ask"]), ("heldout", p["heldout"])):
+            t = i % len(templates)
+            out.append({"question": f.fill(templates[t], value=False), "answer": f.value, "split": split,
+                        "fact": f.id, "attribute": f.attribute, "template": f"{f.attribute}.{split}.{t}"})
+    return out
+
+
+def training_texts(kb: KnowledgeBase, docs: int, qa: int) -> list[str]:
+    """Every text a model trained on this knowledge base sees from it (documents, SFT turns)."""
+    return [*documents(kb, docs), *(m["content"] for r in qa_records(kb, qa) for m in r["messages"])]
+
+
+def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
+    """Write `kind` (kb_docs: {text} pages; kb_qa: {messages} chat records; kb_eval: {question,
+    answer, split, ...} for the first `documents_` facts) of the seed's knowledge base as JSONL,
+    atomically; reused if already written."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown knowledge-base output {kind!r}; expected one of {KINDS}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        return path
+    kb = build(seed)
+    if kind == "kb_docs":
+        rows: list[dict] = [{"text": t} for t in documents(kb, documents_)]
+    elif kind == "kb_qa":
+        rows = qa_records(kb, documents_)
+    else:
+        rows = eval_records(kb, documents_)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+    return path
