@@ -20,12 +20,40 @@ def _validate(args) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     kinds = ", ".join(f"{s.name} ({s.kind})" for s in recipe.stages)
     print(f"{args.recipe}: ok: {recipe.name}: {len(recipe.stages)} stage(s): {kinds}; output {recipe.output}")
+    _advise(recipe)
     code = user_code(recipe)
     if code:
         print("code this recipe runs (rewards, custom evaluators):")
         for where, what in code:
             print(f"  {where}: {what}")
     return 0
+
+
+def _advise(recipe) -> None:
+    """Starting-point advice (forge.advice) and, for a family not built yet, when it will be: on stderr."""
+    from forge import advice, catalog
+
+    for warning in advice.warnings(recipe):
+        print(f"forge: warning: {warning}", file=sys.stderr)
+    for ref in advice.unbuilt(recipe):
+        print(f"forge: {catalog.build_note(ref)}", file=sys.stderr)
+
+
+def _build_foundations(args, recipe) -> bool:
+    """Build, once, the catalog families the recipe needs that are not built yet (the pipeline the
+    catalog names, found by name like a recipe's); True when something was built."""
+    from forge import advice, catalog
+    from forge.train.accel import process_state
+
+    todo = advice.unbuilt(recipe)
+    for ref, name in todo.items():
+        if process_state().is_main_process:
+            home = catalog.build_home(ref)
+            print(f"forge: building the {catalog.family_of(ref)} foundation once (pipelines/{name}.py) into {home}; "
+                  "later runs reuse it", file=sys.stderr)
+            _pipeline(args.recipe, name).build(home, lambda msg: print(msg, file=sys.stderr, flush=True))
+        process_state().wait_for_everyone()
+    return bool(todo)
 
 
 def user_code(recipe) -> list[tuple[str, str]]:
@@ -69,6 +97,8 @@ def _run(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     quiet_libraries()
+    if _build_foundations(args, recipe):  # read again: the built family's manifest is authoritative
+        recipe = load_recipe(args.recipe, args.overrides)
     from forge.plan.recipe_plan import plan_recipe
     from forge.plan.report import assert_plans_fit, format_table
     from forge.plan.runlog import COMPARE_TARGETS

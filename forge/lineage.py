@@ -40,9 +40,24 @@ class _Record(BaseModel):
         return _without_absent(handler(self), self.omitted_when_none)
 
 
+class CatalogBaseRecord(_Record):
+    """A `catalog://FAMILY@PHASE` base as the catalog resolved it (forge.catalog.CatalogPhase.record)."""
+
+    omitted_when_none = ("registered_from",)
+    ref: str
+    family: str
+    phase: str
+    point: str                   # pretrained | mid-trained | post-trained
+    location: str                # hf://REPO@REVISION, or the registered / built folder
+    revision: str = ""
+    registered_from: dict[str, Any] | None = None  # a registered Novella's own lineage, in brief
+
+
 class BaseRecord(_Record):
+    omitted_when_none = ("catalog",)
     spec: str | dict[str, Any]   # the recipe's base: a path or catalog reference, or {"scratch": {...}}
     checkpoint: str = ""         # the folder the first stage started from
+    catalog: CatalogBaseRecord | None = None  # a catalog reference: what it resolved to
 
 
 class CleanedRecord(_Record):
@@ -227,14 +242,19 @@ def source_record(src: ReadSource, fingerprint: str, used: ReadSource) -> DataRe
 
 
 def base_spec(base: Any) -> str | dict[str, Any]:
-    """The recipe's `base:` as lineage records it: the path or reference, or {"scratch": settings}."""
+    """The recipe's `base:` as lineage records it: the path or `catalog://FAMILY@PHASE` reference
+    as written (what it resolved to goes in BaseRecord.catalog), or {"scratch": settings}."""
     return base if isinstance(base, str) else {"scratch": base.scratch.model_dump()}
 
 
-def new_lineage(name: str, base: str | dict[str, Any], base_checkpoint: Path) -> Lineage:
-    """A Novella's lineage before its stages run (`base`: from base_spec)."""
+def new_lineage(name: str, base: str | dict[str, Any], base_checkpoint: Path,
+                catalog: dict[str, Any] | None = None) -> Lineage:
+    """A Novella's lineage before its stages run (`base`: from base_spec; `catalog`: a catalog
+    base's record, forge.catalog.CatalogPhase.record())."""
+    record = BaseRecord(spec=base, checkpoint=str(base_checkpoint),
+                        catalog=CatalogBaseRecord(**catalog) if catalog else None)
     return Lineage(name=name, created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                   forge_version=forge.__version__, base=BaseRecord(spec=base, checkpoint=str(base_checkpoint)))
+                   forge_version=forge.__version__, base=record)
 
 
 def write_novella(checkpoint: Path, out: Path, lineage: Lineage) -> Path:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from forge import catalog
 from forge.eval.finish import Evaluation, NovellaRun, finish_novella
 from forge.eval.stage_eval import StageEvaluator
 from forge.inputs import input_fingerprints, prepare_inputs
@@ -55,6 +56,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         if parent.new:
             tracker.log_text(resolved, "recipe.resolved.yaml")
             tracker.log_params({"recipe": recipe.name, "base": base_summary(base_spec(recipe.base)),
+                                **(catalog.params(recipe.base) if catalog.is_ref(recipe.base) else {}),
                                 "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
         reset_peak_rss()
         with state.main_process_first():  # rank 0 writes generated data, cleaned data and the base
@@ -62,7 +64,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         if folder is not None and state.is_main_process:
             folder.check_inputs(input_fingerprints(recipe, inputs))
         tracker.log_summary("data", {**inputs.hygiene, "peak_rss_mb": peak_rss_mb()})  # reading, hygiene, caches
-        lineage = new_lineage(recipe.name, base_spec(recipe.base), inputs.base)
+        lineage = new_lineage(recipe.name, base_spec(recipe.base), inputs.base, inputs.catalog)
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage.data = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
         lineage.hygiene = dict(inputs.hygiene)

@@ -13,6 +13,7 @@ import yaml
 from forge import catalog
 from forge.cli import main
 from forge.errors import ForgeError
+from catalog_testing import write_tiny_foundation
 
 
 @pytest.fixture(autouse=True)
@@ -156,39 +157,6 @@ def test_a_phase_added_to_a_built_in_family_stays_beside_its_phases(tiny_checkpo
     assert fam.phases["ours"].origin == "registered" and fam.phases["mid-trained"].origin == "built-in"
     catalog.remove("olmo2-7b@ours")
     assert "ours" not in catalog.family("olmo2-7b").phases
-
-
-def write_tiny_foundation(home, checkpoint, holdout=0.1, texts=200):
-    """A built forge-tiny home as pipelines/foundation.py leaves it: foundation.json, phase folders
-    (copies of a tiny checkpoint) and curated sets."""
-    root = home / "foundations" / "forge-tiny"
-    (root / "curated").mkdir(parents=True)
-    phases = {"pretrained": ["general"], "ramped-down": ["general", "highquality"],
-              "mid-trained": ["general", "highquality"], "post-trained": ["general", "highquality", "instructions"]}
-    points = {"pretrained": "pretrained", "ramped-down": "pretrained", "mid-trained": "mid-trained",
-              "post-trained": "post-trained"}
-    for p in phases:
-        shutil.copytree(checkpoint, root / p)
-    words = "river stone lamp garden window copper market".split()
-    with open(root / "curated" / "general.jsonl", "w") as f:
-        for i in range(texts):
-            f.write(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(30))}) + "\n")
-    shutil.copy(root / "curated" / "general.jsonl", root / "curated" / "highquality.jsonl")
-    with open(root / "curated" / "instructions.jsonl", "w") as f:
-        for i in range(40):
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"say {words[i % 7]}"},
-                                             {"role": "assistant", "content": words[i % 7]}]}) + "\n")
-    curated = {"general": {"purpose": "pretraining", "path": "curated/general.jsonl", "holdout": holdout,
-                           "format": "jsonl", "text_field": "text", "chat": None},
-               "highquality": {"purpose": "pretraining", "path": "curated/highquality.jsonl", "holdout": holdout,
-                               "format": "jsonl", "text_field": "text", "chat": None},
-               "instructions": {"purpose": "sft", "path": "curated/instructions.jsonl", "holdout": holdout,
-                                "format": "jsonl", "text_field": None, "chat": {"kind": "messages"}}}
-    manifest = {"family": "forge-tiny", "recipe": "recipes/foundation-tiny.yaml", "built": "2025-01-01T00:00:00Z",
-                "phases": {p: {"path": p, "point": points[p], "curated": c} for p, c in phases.items()},
-                "curated": curated}
-    (root / "foundation.json").write_text(json.dumps(manifest))
-    return root
 
 
 def test_the_offline_family_before_and_after_it_is_built(tiny_checkpoint, home, capsys):

@@ -22,7 +22,7 @@ LEAVES = {"forge", "forge.errors", "forge.files", "forge.base_check", "forge.use
 # (forge.scrub, the one scrubber every writer calls, also imports forge.data's secret and PII detectors)
 SCHEMA = {"forge.recipe", "forge.kinds", "forge.catalog"}  # the recipe schema and the kinds table
 MIDDLE = {"forge.train", "forge.data", "forge.lm", "forge.eval", "forge.plan", "forge.track", "forge.export",
-          "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui"}
+          "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui", "forge.advice"}
 
 IMPORT_MAP: dict[str, set[str]] = {
     "forge.cli": MIDDLE | SCHEMA | LEAVES,                # never pipelines: it loads one by name
@@ -35,7 +35,8 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.track": LEAVES,                                 # the only unit that imports mlflow
     "forge.eval": {"forge.lm", "forge.data", "forge.train", "forge.track", "forge.inputs", "forge.quiet"} | SCHEMA
     | LEAVES,                                              # never stages
-    "forge.plan": {"forge.track"} | SCHEMA | LEAVES,
+    "forge.plan": {"forge.track", "forge.advice"} | SCHEMA | LEAVES,
+    "forge.advice": SCHEMA | LEAVES,                       # starting-point advice: the catalog and the kinds table
     "forge.export": {"forge.track", "forge.quiet"} | SCHEMA | LEAVES,
     "forge.inputs": {"forge.data", "forge.scratch"} | SCHEMA | LEAVES,
     "forge.scratch": {"forge.data"} | SCHEMA | LEAVES,
@@ -46,7 +47,7 @@ IMPORT_MAP: dict[str, set[str]] = {
     # sits below the recipe and never imports it (NO_RECIPE)
     "forge.recipe": {"forge.catalog", "forge.data"} | LEAVES,
     "forge.kinds": {"forge.recipe"} | LEAVES,              # stage modules and planner builders by name only
-    "forge.catalog": LEAVES,
+    "forge.catalog": LEAVES,                               # foundation families: never the recipe or pipelines/
     # leaves
     "forge": set(),
     "forge.errors": set(),

@@ -14,11 +14,16 @@ from typing import Any, Callable
 
 from forge.catalog import hub
 from forge.catalog.entries import (  # noqa: F401  (the catalog's public names)
-    POINTS, PURPOSES, CatalogPhase, CuratedSet, Family, curated, families, family, family_of, forge_home, parse_ref,
-    resolve,
+    INSTRUCTIONS, POINTS, PURPOSES, CatalogPhase, CuratedSet, Family, curated, families, family, family_of,
+    forge_home, parse_ref, resolve,
 )
 from forge.catalog.store import add, known_architectures, remove  # noqa: F401
 from forge.errors import ForgeError
+
+__all__ = ["INSTRUCTIONS", "POINTS", "PURPOSES", "CatalogPhase", "CuratedSet", "Family", "add", "build_home",
+           "build_note", "cached", "checkpoint", "curated", "families", "family", "family_of", "forge_home",
+           "is_ref", "known_architectures", "params", "parse_ref", "planning_config", "remove", "resolve",
+           "summary", "unbuilt"]
 
 
 def is_ref(base: Any) -> bool:
@@ -69,7 +74,7 @@ def build_note(ref: str) -> str:
             f"once{minutes} into {fam.home}{also}")
 
 
-def planning_config(ref: str) -> str | dict:
+def planning_config(ref: str) -> str | dict[str, Any]:
     """What the planner reads for the phase's model: its local config.json folder when it is on
     disk, else the forge plan preset the catalog names for it."""
     phase = resolve(ref)

@@ -17,7 +17,8 @@ import yaml
 from forge.errors import ForgeError
 
 POINTS = ("pretrained", "mid-trained", "post-trained")     # Nova's three starting points
-PURPOSES = ("pretraining", "mid-training", "sft", "preference")
+PURPOSES = ("pretraining", "mid-training", "sft", "preference")   # what a curated set is for
+INSTRUCTIONS = PURPOSES[2]   # the purpose of a family's instruction (SFT) data: what replay keeps aligned
 BUILTIN_FILE = Path(__file__).with_name("families.yaml")
 # Bedrock's supported architectures live in the export's data file (one list, not retyped here);
 # read as data, so this low layer does not import forge.export
@@ -108,7 +109,7 @@ class CatalogPhase:
 
     def record(self) -> dict[str, Any]:
         """What the lineage and MLflow keep of it."""
-        out = {"ref": self.ref, "family": self.family, "phase": self.phase, "point": self.point,
+        out: dict[str, Any] = {"ref": self.ref, "family": self.family, "phase": self.phase, "point": self.point,
                "location": self.location, "revision": self.revision or ""}
         if self.registered_from:
             out["registered_from"] = self.registered_from
@@ -132,7 +133,7 @@ class Family:
 
 
 # ------------------------------------------------------------------------------------ reading
-def _phase(family: str, name: str, raw: dict, origin: str, defaults: dict) -> CatalogPhase:
+def _phase(family: str, name: str, raw: dict[str, Any], origin: str, defaults: dict[str, Any]) -> CatalogPhase:
     point = raw.get("point")
     if point not in POINTS:
         raise ForgeError(f"catalog {family}@{name}: point {point!r}; expected one of {list(POINTS)}")
@@ -146,7 +147,7 @@ def _phase(family: str, name: str, raw: dict, origin: str, defaults: dict) -> Ca
         registered_from=raw.get("registered_from"))
 
 
-def _curated(family: str, name: str, raw: dict, root: Path | None = None) -> CuratedSet:
+def _curated(family: str, name: str, raw: dict[str, Any], root: Path | None = None) -> CuratedSet:
     purpose = raw.get("purpose")
     if purpose not in PURPOSES:
         raise ForgeError(f"catalog {family}/{name}: purpose {purpose!r}; expected one of {list(PURPOSES)}")
@@ -159,7 +160,7 @@ def _curated(family: str, name: str, raw: dict, root: Path | None = None) -> Cur
                       note=raw.get("note", ""))
 
 
-def _family(name: str, raw: dict, origin: str) -> Family:
+def _family(name: str, raw: dict[str, Any], origin: str) -> Family:
     defaults = {k: raw.get(k) for k in ("tokenizer", "licence", "tokenizer_from")}
     phases = {p: _phase(name, p, r, origin, defaults) for p, r in (raw.get("phases") or {}).items()}
     curated = {c: _curated(name, c, r) for c, r in (raw.get("curated") or {}).items()}
@@ -178,7 +179,7 @@ def _read_built(fam: Family) -> None:
     manifest = fam.home / "foundation.json"
     if not manifest.is_file():
         fam.built = False
-        fam.phases = {p: CatalogPhase(**{**vars(ph), "path": fam.home / p, "origin": "built", "built": False})
+        fam.phases = {p: CatalogPhase(**{**vars(ph), "path": fam.home / p, "origin": "to be built", "built": False})
                       for p, ph in fam.phases.items()}
         return
     try:

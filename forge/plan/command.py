@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 from forge.errors import ForgeError
@@ -191,10 +192,14 @@ def run(args) -> int:
         plans = compare(config, _workload(args), targets, Goal(deadline_h=args.deadline, budget_usd=args.budget),
                         Setup(stack=stack, mfu=args.mfu), catalog)
     elif getattr(args, "recipe", None):
+        from forge.advice import warnings
         from forge.plan.recipe_plan import plan_recipe
         from forge.recipe import load_recipe
 
-        plans = plan_recipe(load_recipe(args.recipe), args.target, Goal(args.chips, args.deadline, args.budget),
+        recipe = load_recipe(args.recipe)
+        for warning in warnings(recipe):  # starting-point advice, never a failure
+            print(f"forge: warning: {warning}", file=sys.stderr)
+        plans = plan_recipe(recipe, args.target, Goal(args.chips, args.deadline, args.budget),
                             Setup(stack=stack, mfu=args.mfu), args.precision, catalog)
     else:
         raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from forge import catalog
 from forge.errors import ForgeError
 from forge.kinds import row
 from forge.plan import workloads as W
@@ -26,6 +27,8 @@ def recipe_model_config(recipe) -> dict:
             base = getattr(base, attr)
     if not isinstance(base, str):
         raise ForgeError("recipe.base must be a checkpoint path or a model built from a config")
+    if catalog.is_ref(base):  # its folder once on disk, else the preset the catalog names for it
+        return load_model_config(catalog.planning_config(base))
     return load_model_config(base)
 
 

@@ -222,7 +222,7 @@ def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str
         elif stage.reads == "prompts":
             continue  # prompt rows are read directly (e.g. rft: prompt_field and the reward functions' fields)
         elif stage.reads == "text":
-            if cfg.chat is not None:
+            if cfg.chat is not None and cfg.source is None:  # a curated chat set replays as text
                 problems.append(f"{at}: data.{src} holds chat records (chat: ...), "
                                 f"which a {stage.kind} stage does not read; give it plain text")
         elif cfg.chat is None:
@@ -272,10 +272,7 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
             problems += [f"{where}: {p}" for p in context_problems(recipe.stages, context, f"{base}/config.json")]
             problems += [f"{at(('base',))}: base: {p}" for p in check_base(base)]  # forge/base_check.py
     elif isinstance(recipe.base, str):
-        problems.append(
-            f"{at(('base',))}: base: catalog references ({recipe.base!r}) are not available yet; "
-            "give a local checkpoint folder or base.scratch"
-        )
+        problems += _catalog_problems(recipe, at(("base",)), where)
     stage_names = {s.name for s in recipe.stages}
     for i, stage in enumerate(recipe.stages):
         for j, ing in enumerate(stage.ingredients if isinstance(stage, SoupStage) else []):
@@ -287,6 +284,23 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
             continue
         if not (Path(src.path).exists() or glob.glob(src.path)):
             problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: no file, folder or glob match for {src.path!r}")
+    return problems
+
+
+def _catalog_problems(recipe: Recipe, at: str, where: str) -> list[str]:
+    """A `catalog://FAMILY@PHASE` base: the phase exists, its folder (when on disk) is a sound
+    checkpoint, and each stage fits the phase's context (its config.json's when downloaded)."""
+    from forge import catalog
+
+    try:
+        phase = catalog.resolve(recipe.base)
+    except ForgeError as e:
+        return [f"{at}: {e}"]
+    folder = catalog.cached(phase)
+    context = _config_context(folder / "config.json") if folder is not None else phase.context
+    problems = [f"{where}: {p}" for p in context_problems(recipe.stages, context, phase.ref)]
+    if folder is not None:
+        problems += [f"{at}: base: {p}" for p in check_base(folder)]
     return problems
 
 
