@@ -102,7 +102,8 @@ BAD = {
     "unknown pii type": (lambda t: base_recipe(t, hygiene={"pii_types": ["email", "dna"]}), "hygiene.pii_types: unknown PII type(s) ['dna']"),
     "unknown scratch key": (lambda t: base_recipe(t, base={"scratch": {"tokenizer_sources": ["general"], "colour": 1}}),
                             "base.scratch.colour: unknown key; expected one of ['arch'"),
-    "catalog not yet": (lambda t: base_recipe(t, base="catalog://nova@post"), "catalog references"),
+    "unknown catalog family": (lambda t: base_recipe(t, base="catalog://nova@post"),
+                               "base: no catalog family 'nova'; known: "),
 }
 
 
