@@ -57,6 +57,12 @@ def _facts(rng: random.Random) -> str:
     return " ".join(lines[: rng.randint(3, len(lines))])
 
 
+def stories(documents: int, seed: int) -> list[str]:
+    """`documents` generated stories (the same ones write_generated writes for this seed)."""
+    rng = random.Random(seed)
+    return [_story(rng) for _ in range(documents)]
+
+
 def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
     """Write `documents` generated documents of `kind` (stories | facts) as JSONL (atomically;
     reused if already written)."""
@@ -64,6 +70,10 @@ def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
         from forge.data.kb import write_kb
 
         return write_kb(kind, documents, seed, path)
+    if kind.startswith("harvest_"):  # forge-tiny's curated sets (forge/data/curated.py)
+        from forge.data.curated import write_curated
+
+        return write_curated(kind.removeprefix("harvest_"), documents, seed, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path

@@ -1,0 +1,81 @@
+"""forge-tiny's curated sets as JSONL files (`generate: {kind: harvest_NAME}` in a recipe): general,
+highquality and long text from the harvest (forge.data.harvest) and forge's stories; instructions and
+preferences from forge.data.instructions.
+
+Every record is held out or not by its unit (a module, a story, a task's arguments), the same unit in
+every set; the file puts the held-out records exactly at the record numbers that forge's stable
+split (forge.data.mixing.in_holdout, keyed by the source's name and holdout) holds out. So no stage
+trains on a held-out record of any set: a module held out of `general` is held out of `long` too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from forge.data import harvest
+from forge.data.mixing import in_holdout
+
+SETS = ("general", "highquality", "long", "instructions", "preferences")
+HOLDOUT = 0.05          # the sets' held-out fraction (a recipe's data.NAME.holdout must say the same)
+STORY_SHARE = 8         # general: one generated story per this many records
+
+
+def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT) -> harvest.Flagged:
+    """The set's records, each with whether it is held out, at most `documents` of them."""
+    from forge.data import instructions
+    from forge.data.generate import stories
+
+    docs = harvest.harvest()
+    if name == "general":
+        flagged = harvest.general_set(docs, stories(documents // STORY_SHARE, seed), holdout, seed)
+    elif name == "highquality":
+        flagged = harvest.highquality_set(docs, holdout, seed)
+    elif name == "long":
+        flagged = harvest.long_set(docs, holdout, seed)
+    elif name in ("instructions", "preferences"):
+        flagged = instructions.generate(name, instructions.pools(docs, holdout), documents, seed, holdout)
+    else:
+        raise ValueError(f"unknown curated set {name!r}; expected one of {list(SETS)}")
+    return flagged[:documents]
+
+
+def aligned(flagged: harvest.Flagged, source: str, holdout: float) -> list[dict]:
+    """The records ordered so that record number n (from 1) is a held-out one exactly when
+    in_holdout(source, n, holdout): the training records fill the other numbers in their order, the
+    held-out ones the held-out numbers (starting over if they run out: the split's share is the
+    hash's, the units' share only near it); it ends with the last training record."""
+    train = [r for r, held in flagged if not held]
+    held = [r for r, h in flagged if h]
+    out: list[dict] = []
+    i = j = 0
+    n = 0
+    while i < len(train):
+        n += 1
+        if in_holdout(source, n, holdout) and held:
+            out.append(held[j % len(held)])
+            j += 1
+        elif in_holdout(source, n, holdout):
+            break  # nothing held out to put here (a tiny set): end before a training record could
+        else:
+            out.append(train[i])
+            i += 1
+    return out
+
+
+def write_curated(name: str, documents: int, seed: int, path: Path, source: str | None = None,
+                  holdout: float = HOLDOUT) -> Path:
+    """Write the set as JSONL for a data source named `source` (default: the set's name) with
+    `holdout`; atomically, and reused if already written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        return path
+    rows = aligned(records(name, documents, seed, holdout), source or name, holdout)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+

@@ -1,0 +1,202 @@
+"""The forge-tiny foundation family: a model built from nothing through the four phases Nova names
+(constant-LR pretraining, LR ramp-down on higher-quality text, context extension, alignment: SFT
+then a short preference stage), each phase's checkpoint published with the curated sets that made it.
+
+The stages are an ordinary recipe run by the Novella pipeline (pipelines/novella.py: the same
+runner, lineage and MLflow runs); this pipeline checks the recipe's curated sets, then publishes
+the phase checkpoints, the sets and `foundation.json` (the catalog reads it, forge.catalog).
+
+    forge run recipes/foundation-tiny.yaml       # the family under the run's output/foundation
+    build(FORGE_HOME/foundations/forge-tiny, log) # what `catalog://forge-tiny@PHASE` builds on first use
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from forge.data.curated import HOLDOUT, SETS
+from forge.errors import ForgeError
+from forge.recipe import Recipe, resolved_yaml
+from forge.track.protocol import Tracker
+
+FAMILY = "forge-tiny"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "foundation-tiny.yaml"
+# phase -> (the recipe stage whose output it is, its point on the ladder)
+PHASES = {"pretrained": ("constant-lr", "pretrained"), "ramped-down": ("ramp-down", "mid-trained"),
+          "mid-trained": ("context-extension", "mid-trained"), "post-trained": ("preference", "post-trained")}
+PURPOSE = {"general": "pretraining", "highquality": "pretraining", "long": "mid-training", "instructions": "sft",
+           "preferences": "preference"}
+SKIP = {"training_state.pt", "forge_state.json", "manifest.json", "lineage.json", "MODEL_CARD.md"}  # not the model's
+
+
+def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
+        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> Any:
+    """Run the recipe's stages (the Novella pipeline), then publish the family under
+    `output/foundation`; returns the Novella pipeline's result."""
+    from pipelines import novella
+
+    check_recipe(recipe)
+    start = time.monotonic()
+    result = novella.run(recipe, tracker, plans, comparison, log=log, resume=resume, folder=folder)
+    from forge.train.accel import process_state
+
+    if process_state().is_main_process:
+        out = Path(recipe.output) / "foundation"
+        publish(recipe, {s.name: r.checkpoint for s, r in zip(recipe.stages, result.stages)}, out)
+        log(f"foundation: {FAMILY} published at {out} ({time.monotonic() - start:.0f} s)")
+    return result
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """The curated sets are named after their kind with the sets' holdout (their held-out records
+    line up across sets only so: forge.data.curated), and every phase's stage is in the recipe."""
+    for name, cfg in recipe.data.items():
+        kind = cfg.generate.kind if cfg.generate is not None else ""
+        if not kind.startswith("harvest_"):
+            continue
+        if name != kind.removeprefix("harvest_"):
+            raise ForgeError(f"{recipe.name}: data.{name}.generate.kind: {kind} must be the source named "
+                             f"{kind.removeprefix('harvest_')!r} (the held-out split is keyed by that name)")
+        if abs(cfg.holdout - HOLDOUT) > 1e-12:
+            raise ForgeError(f"{recipe.name}: data.{name}.holdout: the curated sets hold out {HOLDOUT}, got {cfg.holdout}")
+    names = [s.name for s in recipe.stages]
+    missing = [stage for stage, _ in PHASES.values() if stage not in names]
+    if missing:
+        raise ForgeError(f"{recipe.name}: stages: the foundation needs stages named {missing} (its phases "
+                         f"{list(PHASES)}); it has {names}")
+
+
+def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
+    """Write the family into `out` (replacing it): each phase's checkpoint folder, the curated sets,
+    the resolved recipe, and foundation.json last."""
+    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    trained: list[str] = []
+    phases = {}
+    for i, stage in enumerate(recipe.stages):
+        trained += [n for n in stage.sources if n not in trained]
+        for phase, (name, point) in PHASES.items():
+            if name == stage.name:
+                _copy_checkpoint(outputs[name], staging / phase)
+                phases[phase] = {"path": phase, "point": point, "curated": list(trained)}
+    curated = {}
+    for name in [n for n in SETS if n in recipe.data] + [n for n in recipe.data if n not in SETS]:
+        cfg = recipe.data[name]
+        src = _source_file(recipe, name)
+        (staging / "curated").mkdir(exist_ok=True)
+        shutil.copyfile(src, staging / "curated" / f"{name}.jsonl")
+        curated[name] = {"purpose": PURPOSE.get(name, "pretraining"), "path": f"curated/{name}.jsonl",
+                         "holdout": cfg.holdout, "format": "jsonl",
+                         "text_field": None if cfg.chat is not None else "text", "chat": _chat(cfg.chat)}
+    (staging / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
+    manifest = {"family": FAMILY, "phases": phases, "curated": curated, "recipe": "recipe.resolved.yaml",
+                "built": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (staging / "foundation.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    _swap_in(staging, out)
+    return out
+
+
+def _chat(spec: Any) -> dict | None:
+    """A FormatSpec as a recipe's `chat:` block would give it: its kind and what differs from the defaults."""
+    if spec is None:
+        return None
+    from dataclasses import asdict
+
+    from forge.data.formats import FormatSpec
+
+    given, default = asdict(spec), asdict(FormatSpec(kind=spec.kind))
+    return {k: v for k, v in given.items() if k == "kind" or v != default[k]}
+
+
+def _source_file(recipe: Recipe, name: str) -> Path:
+    """The JSONL file the run read for data source `name` (generated under output/data)."""
+    cfg = recipe.data[name]
+    if cfg.generate is not None:
+        g = cfg.generate
+        path = Path(recipe.output) / "data" / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl"
+    else:
+        path = Path(cfg.path or "")
+    if not path.is_file():
+        raise ForgeError(f"{recipe.name}: data.{name}: the foundation publishes one JSONL file per set; {path} is not one")
+    return path
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    """The Hugging Face files of a stage's checkpoint (weights, config, tokenizer, chat template)."""
+    dst.mkdir(parents=True)
+    for f in sorted(Path(src).iterdir()):
+        if f.is_file() and f.name not in SKIP:
+            shutil.copyfile(f, dst / f.name)
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """`staging` takes `out`'s place (renames: a reader sees the old family or the new one)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)
+
+
+# ------------------------------------------------------------------------------ build on first use
+def build(home: Path, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> None:
+    """Build the family into `home` (FORGE_HOME/foundations/forge-tiny) from recipes/foundation-tiny.yaml:
+    in a work folder beside it, under a lock (a second process waits, then finds it built); `home`
+    appears whole, foundation.json written last. Does nothing if `home` already holds a family."""
+    home = Path(home).resolve()
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(home.parent / f".{home.name}.lock", log):
+        if (home / "foundation.json").is_file():
+            return
+        from forge.recipe import load_recipe
+        from forge.track import MlflowTracker
+
+        work = home.parent / f".{home.name}.build"
+        shutil.rmtree(work, ignore_errors=True)
+        recipe = load_recipe(RECIPE, [f"output={work}", *(overrides or [])])
+        log(f"foundation: building {FAMILY} into {home} (recipe {RECIPE.name}; about "
+            f"{_minutes(recipe)} on 2 CPU cores)")
+        tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=True)
+        from forge.plan.recipe_plan import plan_recipe
+
+        run(recipe, tracker, {p.stage: p for p in plan_recipe(recipe)}, {}, log=log)
+        _swap_in(_take(work / "foundation", home), home)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _take(folder: Path, home: Path) -> Path:
+    staging = home.with_name(f".{home.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.replace(folder, staging)
+    return staging
+
+
+def _minutes(recipe: Recipe) -> str:
+    line = RECIPE.read_text().splitlines()[1] if RECIPE.is_file() else ""
+    return line.split("measured:", 1)[1].strip() if "measured:" in line else "15 minutes"
+
+
+@contextlib.contextmanager
+def _lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive lock on `path` (fcntl): a second builder waits for the first."""
+    import fcntl
+
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"foundation: another process is building {FAMILY}; waiting for it ({path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
