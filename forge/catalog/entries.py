@@ -8,7 +8,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,6 @@ class Family:
     built: bool = True
     build_minutes: int | None = None
     build_recipe: str | None = None
-    builtin_phases: frozenset[str] = field(default_factory=frozenset)
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -165,8 +164,7 @@ def _family(name: str, raw: dict[str, Any], origin: str) -> Family:
     phases = {p: _phase(name, p, r, origin, defaults) for p, r in (raw.get("phases") or {}).items()}
     curated = {c: _curated(name, c, r) for c, r in (raw.get("curated") or {}).items()}
     fam = Family(name, phases, curated, raw.get("description", ""), raw.get("licence", ""), origin,
-                 raw.get("build"), None, True, raw.get("build_minutes"), raw.get("build_recipe"),
-                 frozenset(phases))
+                 raw.get("build"), None, True, raw.get("build_minutes"), raw.get("build_recipe"))
     if fam.build:
         fam.home = forge_home() / raw.get("home", f"foundations/{name}")
         _read_built(fam)
@@ -256,7 +254,7 @@ def families() -> dict[str, Family]:
     for name, raw in read_registrations().items():
         reg = _family(name, {**raw, "build": None}, "registered")
         if name in out:
-            out[name].phases.update({p: ph for p, ph in reg.phases.items() if p not in out[name].builtin_phases})
+            out[name].phases.update({p: ph for p, ph in reg.phases.items() if p not in out[name].phases})
         else:
             out[name] = reg
     return out
