@@ -12,23 +12,27 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from forge.data import harvest
 from forge.data.mixing import in_holdout
 
 SETS = ("general", "highquality", "long", "instructions", "preferences")
 HOLDOUT = 0.05          # the sets' held-out fraction (a recipe's data.NAME.holdout must say the same)
+Stories = Callable[[int, int], list[str]]  # (count, seed) -> generated stories
 STORY_SHARE = 8         # general: one generated story per this many records
 
 
-def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT) -> harvest.Flagged:
-    """The set's records, each with whether it is held out, at most `documents` of them."""
+def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT, stories: Stories | None = None
+            ) -> harvest.Flagged:
+    """The set's records, each with whether it is held out, at most `documents` of them; `general`
+    mixes in `stories(count, seed)` (forge.data.generate's), one record in STORY_SHARE."""
     from forge.data import instructions
-    from forge.data.generate import stories
 
     docs = harvest.harvest()
     if name == "general":
-        flagged = harvest.general_set(docs, stories(documents // STORY_SHARE, seed), holdout, seed)
+        told = stories(documents // STORY_SHARE, seed) if stories is not None else []
+        flagged = harvest.general_set(docs, told, holdout, seed)
     elif name == "highquality":
         flagged = harvest.highquality_set(docs, holdout, seed)
     elif name == "long":
@@ -63,15 +67,15 @@ def aligned(flagged: harvest.Flagged, source: str, holdout: float) -> list[dict]
     return out
 
 
-def write_curated(name: str, documents: int, seed: int, path: Path, source: str | None = None,
+def write_curated(name: str, documents: int, seed: int, path: Path, stories: Stories | None = None,
                   holdout: float = HOLDOUT) -> Path:
-    """Write the set as JSONL for a data source named `source` (default: the set's name) with
-    `holdout`; atomically, and reused if already written."""
+    """Write the set as JSONL for a data source named after it with `holdout`; atomically, and
+    reused if already written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path
-    rows = aligned(records(name, documents, seed, holdout), source or name, holdout)
+    rows = aligned(records(name, documents, seed, holdout, stories), name, holdout)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for row in rows:

@@ -73,7 +73,7 @@ def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
     if kind.startswith("harvest_"):  # forge-tiny's curated sets (forge/data/curated.py)
         from forge.data.curated import write_curated
 
-        return write_curated(kind.removeprefix("harvest_"), documents, seed, path)
+        return write_curated(kind.removeprefix("harvest_"), documents, seed, path, stories=stories)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path

@@ -13,7 +13,7 @@ import re
 import sysconfig
 import textwrap
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -177,26 +177,33 @@ def harvest(roots: list[tuple[str, Path]] | None = None, cap_files: int | None =
             workers: int = 2) -> list[Doc]:
     """Every root's docstring prose in sorted file order, then the standard library's language
     reference (pydoc_data/topics.py) and the installed distributions' descriptions (their METADATA);
-    the same text under two names (a re-exported docstring, a vendored copy) is kept once, where
-    it first occurs. `workers` processes parse files; the result does not depend on their number."""
+    a paragraph found twice (a re-exported docstring, a vendored copy) is kept once, where it first
+    occurs. `workers` processes parse files; the result does not depend on their number."""
     return list(_harvest(tuple(roots or default_roots()), cap_files or MAX_FILES_PER_ROOT, workers))
 
 
 @lru_cache(maxsize=4)
 def _harvest(roots: tuple[tuple[str, Path], ...], cap_files: int, workers: int) -> tuple[Doc, ...]:
     jobs = [(str(path), module_name(root, path)) for _, root in roots for path in source_files(root, cap_files)]
-    seen: set[str] = set()
-    out: list[Doc] = []
-    for docs in _parse_all(jobs, workers):
-        for doc in docs:
-            digest = hashlib.blake2b(doc.text.encode(), digest_size=12).hexdigest()
-            if digest not in seen:
-                seen.add(digest)
-                out.append(doc)
+    seen: set[bytes] = set()
+    docs = [d for found in _parse_all(jobs, workers) for d in found]
     for label, root in roots:
-        extra = topic_docs(root) if label == "stdlib" else metadata_docs(root)
-        out += [d for d in extra if hashlib.blake2b(d.text.encode(), digest_size=12).hexdigest() not in seen]
-    return tuple(out)
+        docs += topic_docs(root) if label == "stdlib" else metadata_docs(root)
+    return tuple(d for d in (_unseen(doc, seen) for doc in docs) if d is not None)
+
+
+def _unseen(doc: Doc, seen: set[bytes]) -> Doc | None:
+    """The doc without the paragraphs an earlier doc already had (an inherited or re-exported
+    docstring, a reference topic quoting another): each paragraph is harvested once."""
+    keep = []
+    for para in doc.text.split("\n"):
+        digest = hashlib.blake2b(para.encode(), digest_size=12).digest()
+        if digest not in seen:
+            seen.add(digest)
+            keep.append(para)
+    if not keep:
+        return None
+    return doc if len(keep) == doc.text.count("\n") + 1 else replace(doc, text="\n".join(keep))
 
 
 def _parse_job(job: tuple[str, str]) -> list[Doc]:
@@ -204,14 +211,16 @@ def _parse_job(job: tuple[str, str]) -> list[Doc]:
 
 
 def _parse_all(jobs: list[tuple[str, str]], workers: int) -> Iterator[list[Doc]]:
-    """parse_docs over the jobs, in their order (in `workers` spawned processes: nothing forked)."""
-    if workers <= 1 or len(jobs) < 200:
+    """parse_docs over the jobs, in their order; in `workers` forked processes where the platform
+    forks (a spawned one would re-run the caller's main script; the children only parse text)."""
+    import multiprocessing
+
+    if workers <= 1 or len(jobs) < 200 or "fork" not in multiprocessing.get_all_start_methods():
         yield from map(_parse_job, jobs)
         return
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         yield from pool.map(_parse_job, jobs, chunksize=64)
 
 
