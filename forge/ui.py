@@ -29,10 +29,11 @@ import webbrowser
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.track import view
 from forge.track.tracker import check_store_uri
 
 DEFAULT_PORT = 5050  # not 5000: macOS gives that to AirPlay
-MODEL_TRAINING = "workflowType=machine_learning"  # MLflow 3 opens experiments in its GenAI view otherwise
+MODEL_TRAINING = view.MODEL_TRAINING  # MLflow 3 opens experiments in its GenAI layout otherwise
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2) options (Linux)
 
 
@@ -111,8 +112,9 @@ def wait_healthy(base: str, proc: subprocess.Popen, log: Path, timeout: float) -
 
 
 def experiment_url(base: str, name: str | None) -> str:
-    """The experiment's page in the model-training view: the named one, else the store's most
-    recently updated one (an output folder holds one); the experiments list when there is none."""
+    """The experiment's runs in the model-training layout, in forge's view when a pipeline wrote it
+    (forge.track.view): the named experiment, else the store's most recently updated one (an output
+    folder holds one); the experiments list when there is none."""
     try:
         if name:
             query = urllib.parse.urlencode({"experiment_name": name})
@@ -122,10 +124,11 @@ def experiment_url(base: str, name: str | None) -> str:
             found = json.loads(_get(f"{base}/ajax-api/2.0/mlflow/experiments/search?{query}", 30)).get("experiments", [])
             found = [e for e in found if e["name"] != "Default"]
         if found:
-            return f"{base}/#/experiments/{found[0]['experiment_id']}?{MODEL_TRAINING}"
-    except (OSError, KeyError, ValueError):
-        pass  # an older server or an empty store: the list still opens in the right view
-    return f"{base}/#/experiments?{MODEL_TRAINING}"
+            tags = {t.get("key") for t in found[0].get("tags", [])}
+            return view.experiment_url(base, found[0]["experiment_id"], view=view.VIEW_TAG in tags)
+    except (OSError, KeyError, ValueError, AttributeError):
+        pass  # an older server or an empty store: the list still opens in the right layout
+    return view.experiment_url(base)
 
 
 def _die_with_parent() -> None:
@@ -184,7 +187,7 @@ def _stop_on(signum: int, frame: object) -> None:
 def run(args) -> int:
     uri, experiment, artifacts = resolve_store(args)
     if uri.startswith(("http://", "https://")):
-        print(f"{uri} is already a tracking server: open {uri.rstrip('/')}/#/experiments?{MODEL_TRAINING}")
+        print(f"{uri} is already a tracking server: open {experiment_url(uri.rstrip('/'), experiment)}")
         return 0
     check_port(args.host, args.port)
     base = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
@@ -200,7 +203,8 @@ def run(args) -> int:
         try:
             wait_healthy(base, proc, log, args.timeout)
             url = experiment_url(base, experiment)
-            print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})", flush=True)
+            print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})\n  {view.ASSISTANT_NOTE}",
+                  flush=True)
             if args.open:
                 webbrowser.open(url)
             proc.wait()

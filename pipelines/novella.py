@@ -21,10 +21,12 @@ from forge.inputs import input_fingerprints, prepare_inputs
 from forge.lineage import Lineage, base_spec, new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
+from forge.recipe.eval import higher_is_better
 from forge.stages.runner import PipelineState, Planned, RunPlace, run_stage
 from forge.track.notes import base_summary, pipeline_note, stage_row
 from forge.track.protocol import Tracker
 from forge.track.runs import parent_run
+from forge.track.story import log_story
 from forge.train.accel import process_state
 from forge.train.memory import peak_rss_mb, reset_peak_rss
 
@@ -115,9 +117,11 @@ def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> list[Any]
 
 
 def _log_novella(tracker: Tracker, lineage: Lineage, plans: dict[str, Any], model_uri: str | None) -> None:
-    """The parent run's record of the Novella: lineage.json, final figures, the stage table, its note."""
+    """The parent run's record of the Novella: lineage.json, final figures, the headline figures as
+    metrics with the comparison as an HTML table (forge.track.story), the stage table, its note."""
     tracker.log_dict(lineage.to_dict(), "lineage.json")
     tracker.log_summary("novella", lineage.metrics)
+    log_story(tracker, lineage.evaluation, higher_is_better)
     rows = [stage_row(record, plans.get(record.name)) for record in lineage.stages]
     tracker.log_dict({"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}, "stages.json")
     tracker.describe(pipeline_note(lineage, rows, model_uri))

@@ -31,7 +31,7 @@ def model_card(lineage: Lineage, intended_use: str | None = None, limitations: l
              "## Intended use", "",
              intended_use or (f"Research and evaluation of a language model customized on {domain}. Not evaluated "
                               "for safety, factual reliability or any high-stakes use; review its outputs."), "",
-             "## Base", "", f"- {base_summary(lineage.base.spec)}", ""]
+             "## Base", "", f"- {base_summary(lineage.base.spec, lineage.base.checkpoint)}", ""]
     lines += ["## Stages", ""]
     lines += _table(["stage", "kind", "steps", "tokens by source"],
                     [[s.name, s.kind, s.steps, ", ".join(f"{k}: {v:,}" for k, v in s.tokens_by_source.items()) or "-"]

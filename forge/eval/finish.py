@@ -138,7 +138,7 @@ def finish_novella(recipe: Any, run: NovellaRun, tracker: Tracker, log: Callable
 def registry_tags(recipe: Any, run: NovellaRun, ev: Evaluation) -> dict[str, str]:
     """The registered version's tags: base, stages, run, gates, data hashes, compute and plan."""
     lineage = run.lineage
-    return {"forge.base": base_summary(lineage.base.spec),
+    return {"forge.base": base_summary(lineage.base.spec, lineage.base.checkpoint),
             "forge.stages": ",".join(s.name for s in recipe.stages), "forge.run_id": run.run_id or "",
             "forge.gates": "pass" if ev.passed else "fail",
             **{f"forge.data.{n}": d.sha256[:16] for n, d in lineage.data.items()},

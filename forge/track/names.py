@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (MLflow 3)
 MAX_PARAM_KEY = 250
+MAX_EXPERIMENT_TAG_VALUE = 20000  # mlflow.utils.validation.MAX_EXPERIMENT_TAG_VAL_LENGTH (the shared view's JSON)
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
 

@@ -6,10 +6,12 @@ the tracker (forge.track.tracker) sets what these functions write.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from forge.lineage import Lineage, MergeRecord, StageRecord
+from forge.track.registry import details_path
 
 
 def _fmt(v: Any) -> str:
@@ -26,9 +28,21 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds < 5400 else f"{seconds / 3600:.3g} h"
 
 
-def base_summary(spec: Any) -> str:
+def trained_vocab(checkpoint: str | Path | None) -> int | None:
+    """The vocabulary a built checkpoint has (its config.json), None when it cannot be read."""
+    if not checkpoint:
+        return None
+    try:
+        vocab = json.loads((Path(checkpoint) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return vocab if isinstance(vocab, int) else None
+
+
+def base_summary(spec: Any, checkpoint: str | Path | None = None) -> str:
     """The base as one clean string: its path or catalog reference, or the scratch model in a few
-    words (never a dict's repr)."""
+    words (never a dict's repr). With the built `checkpoint`, a scratch base's vocabulary is the one
+    its tokenizer got ("vocab 698 (1024 asked)": a BPE trained on little text stops short)."""
     if isinstance(spec, str):
         return spec
     s = spec.get("scratch", spec) if isinstance(spec, dict) else spec
@@ -36,8 +50,12 @@ def base_summary(spec: Any) -> str:
         return str(s)
     words = {"hidden_size": "hidden {}", "layers": "{} layers", "heads": "{} heads", "vocab_size": "vocab {}",
              "max_position": "context {}"}
-    shape = [text.format(s[k]) for k, text in words.items() if k in s]
-    return f"scratch {s.get('arch', 'llama')}: {', '.join(shape)}"
+    shape = {k: text.format(s[k]) for k, text in words.items() if k in s}
+    vocab = trained_vocab(checkpoint)
+    if vocab is not None:
+        asked = s.get("vocab_size")
+        shape["vocab_size"] = f"vocab {vocab}" + (f" ({asked} asked)" if asked not in (None, vocab) else "")
+    return f"scratch {s.get('arch', 'llama')}: {', '.join(shape.values())}"
 
 
 def plan_line(plan: Any) -> str:
@@ -87,7 +105,8 @@ def stage_row(record: StageRecord, plan: Any) -> dict[str, Any]:
 def pipeline_note(lineage: Lineage, rows: list[dict[str, Any]], model_uri: str | None = None) -> str:
     """The parent run's description: base, data, the stages in a small table, the result."""
     data = ", ".join(f"{n} ({_fmt(d.tokens)} tokens)" for n, d in lineage.data.items())
-    lines = [f"**{lineage.name}**: {len(rows)} stage(s) from `{base_summary(lineage.base.spec)}`", "",
+    base = base_summary(lineage.base.spec, lineage.base.checkpoint)
+    lines = [f"**{lineage.name}**: {len(rows)} stage(s) from `{base}`", "",
              f"- data: {data or 'none'}"]
     final = lineage.metrics
     start = lineage.stages[0].metrics.get("eval_loss_start") if lineage.stages else None
@@ -115,7 +134,8 @@ def model_description(lineage: Lineage, run_id: str | None, card: str | None = N
     """The registered version's description: the lineage in brief, then the model card when there is
     one (without its title), cut at a line to fit MLflow's `limit` characters."""
     stages = " -> ".join(f"{s.name} ({s.kind})" for s in lineage.stages)
-    lines = [f"Novella **{lineage.name}**: {base_summary(lineage.base.spec)} customized by {stages}.", ""]
+    base = base_summary(lineage.base.spec, lineage.base.checkpoint)
+    lines = [f"Novella **{lineage.name}**: {base} customized by {stages}.", ""]
     if lineage.data:
         lines.append("Data: " + ", ".join(f"{n} (sha256 {d.sha256[:12]}, {_fmt(d.tokens)} tokens"
                                            + (", proprietary" if d.proprietary else "") + ")"
@@ -125,7 +145,9 @@ def model_description(lineage: Lineage, run_id: str | None, card: str | None = N
     if shown:
         lines.append("Final: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items()) + ".")
     if run_id:
-        lines.append(f"Source run: {run_id} (lineage.json among its artifacts).")
+        version = lineage.evaluation.version if lineage.evaluation is not None else None
+        more = f"; data hashes, gates, compute and plan: {details_path(version)}" if version is not None else ""
+        lines.append(f"Source run: {run_id} (lineage.json among its artifacts{more}).")
     text = "\n".join(lines)
     if card:
         body = card.split("\n", 1)[1].lstrip("\n") if card.startswith("# ") else card

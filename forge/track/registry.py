@@ -1,11 +1,41 @@
 """The model registry: a Novella logged as an MLflow transformers model and registered, its
-aliases, version tags and descriptions (forge.track.MlflowTracker calls these on rank 0)."""
+aliases, version tags and descriptions (forge.track.MlflowTracker calls these on rank 0).
+
+A version shows a handful of tags (SHOWN_TAGS: base, stages, gates, the primary metric and its
+value, which the alias decision reads back); the rest (data hashes, each gate's figures, compute
+planned vs measured, the plan) go to one JSON artifact of the registering run,
+`registry/version-<n>.json` (details_path), not a wall of truncated tags."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import tempfile
+from typing import Any
 
 TEXT_LIMIT = 5000  # MLflow's longest tag value and model (version) description
+SHOWN_TAGS = ("forge.base", "forge.stages", "forge.gates", "forge.primary_metric", "forge.primary_value")
+
+
+def details_path(version: int | str) -> str:
+    """The registering run's artifact that holds a version's details."""
+    return f"registry/version-{version}.json"
+
+
+def split_tags(tags: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(the version's tags, its details): the SHOWN_TAGS, and the rest without the `forge.` prefix,
+    grouped by their first part (`forge.compute.domain.steps` -> details["compute"]["domain.steps"])."""
+    shown = {k: v for k, v in tags.items() if k in SHOWN_TAGS}
+    details: dict[str, Any] = {}
+    for key, value in tags.items():
+        if key in shown:
+            continue
+        head, _, rest = key.removeprefix("forge.").partition(".")
+        if rest:
+            details.setdefault(head, {})[rest] = value
+        else:
+            details[head] = value
+    return shown, details
 
 
 def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tags: dict[str, str]) -> int:
@@ -17,14 +47,33 @@ def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tag
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     os.environ["HF_HUB_OFFLINE"] = "1"  # MLflow looks up a model card on the hub; a local model has none
     logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)  # ...and warns that it found none
+    shown, details = split_tags(tags)
     info = mlflow.transformers.log_model(
         {"model": model, "tokenizer": tokenizer}, name="novella", task="text-generation",
-        registered_model_name=name, tags=tags, pip_requirements=requirements(),
+        registered_model_name=name, tags=shown, pip_requirements=requirements(),
     )
     version = int(info.registered_model_version)
     set_alias(name, alias, version)
-    set_version_tags(name, version, tags)
+    set_version_tags(name, version, shown)
+    mlflow.log_dict({"model": name, "version": version, **details}, details_path(version))
     return version
+
+
+def version_details(name: str, version: int | str) -> dict[str, Any]:
+    """A registered version's details (details_path on the run that registered it); {} if none."""
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    mv = mlflow.MlflowClient().get_model_version(name, str(version))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path=details_path(version),
+                                                       dst_path=tmp)
+        except mlflow.exceptions.MlflowException:
+            return {}
+        with open(path) as f:
+            data: dict[str, Any] = json.load(f)
+    return data
 
 
 def describe_model(name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 from forge.errors import ForgeError
 from forge.scrub import scrub, scrub_dict, scrub_tree
 from forge.track import registry
+from forge.track.experiment import after_run, use_experiment
 from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
                                metric_name, summary_value)
 from forge.track.store import fail_fast, prepare_sqlite_store
@@ -63,10 +64,7 @@ class MlflowTracker:
         try:
             with fail_fast(uri):  # a server that does not answer: say so now, not after minutes of retries
                 mlflow.set_tracking_uri(uri)
-                if mlflow.get_experiment_by_name(experiment) is None:
-                    location = Path(artifact_dir).resolve().as_uri() if artifact_dir else None
-                    mlflow.create_experiment(experiment, artifact_location=location)
-                mlflow.set_experiment(experiment)
+                use_experiment(mlflow, experiment, artifact_dir)  # a model-development experiment
         except Exception as e:  # MlflowException, or the HTTP client's connection errors
             raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
 
@@ -155,6 +153,9 @@ class MlflowTracker:
                         mlflow.tracking.fluent._active_run_stack.get().clear()
                     print(f"forge: warning: could not mark the MLflow run {status} ({str(e).splitlines()[0][:200]}); "
                           "the next run in this folder marks it FAILED", file=sys.stderr)
+                else:
+                    if not nested:  # a pipeline's parent: the experiment's view shows it (forge.track.view)
+                        after_run(mlflow, run.info.run_id, self.uri)
 
     def run_status(self, run_id: str) -> str | None:
         """'RUNNING', 'FINISHED', 'FAILED' or 'KILLED'; None if the store has no such run."""

@@ -10,6 +10,7 @@ import pytest
 
 from forge_testing import base_recipe, pretrain_stage, write_recipe
 from forge import cli
+from forge.track import version_details
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,8 @@ def test_lineage_card_and_mlflow_hold_the_evaluation(runs):
     assert ["suite", "ppl.general", general["suite.ppl.general"]] in rows
     tags = client.get_model_version("tiny", "1").tags
     assert tags["forge.base"].startswith("scratch llama: hidden 32") and tags["forge.gates"] == "pass"
-    assert tags["forge.compute.domain.planned_steps"] == "2" and tags["forge.compute.domain.steps"] == "2"
+    compute = version_details("tiny", 1)["compute"]  # compute details: one JSON artifact, not a wall of tags
+    assert compute["domain.planned_steps"] == "2" and compute["domain.steps"] == "2"
 
 
 def test_failing_gate_registers_without_the_alias_and_strict_exits_non_zero(runs):
@@ -74,7 +76,7 @@ def test_failing_gate_registers_without_the_alias_and_strict_exits_non_zero(runs
     assert codes[1] == 1
     v2 = client.get_model_version("tiny", "2")
     assert v2.tags["forge.gates"] == "fail" and v2.tags["forge.champion"] == "no"
-    assert "FAIL by" in v2.tags["forge.gate.domain_gain.domain"]
+    assert "FAIL by" in version_details("tiny", 2)["gate"]["domain_gain.domain"]
     assert (tmp / "two" / "novella" / "MODEL_CARD.md").is_file()
 
 

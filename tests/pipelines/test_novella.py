@@ -8,6 +8,7 @@ import pytest
 
 from forge_testing import base_recipe, pretrain_stage, write_recipe
 from forge import cli
+from forge.track import version_details
 from forge.recipe import load_recipe
 
 
@@ -162,9 +163,9 @@ def test_proprietary_data_is_cleaned_and_secrets_never_logged(tmp_path):
 
 def test_run_page_groups_curves_and_has_no_one_point_charts(two_stage):
     client, parents, children = _runs(two_stage)
-    for run in parents + children:
+    for run in parents + children:  # the parent's: its headline figures, start/ and novella/ (forge.track.story)
         for key in run.data.metrics:
-            if not key.startswith(("train/", "eval/", "system/", "data/")):
+            if not key.startswith(("train/", "eval/", "system/", "data/", "start/", "novella/")):
                 raise AssertionError(f"{run.info.run_name}: metric {key!r} outside the chart sections")
     for child in children:
         one_point = [k for k in child.data.metrics if len(client.get_metric_history(child.info.run_id, k)) == 1
@@ -173,7 +174,7 @@ def test_run_page_groups_curves_and_has_no_one_point_charts(two_stage):
         summary = json.loads(open(client.download_artifacts(child.info.run_id, "summary.json")).read())
         rows = {(r[0], r[1]): r[2] for r in summary["data"]}
         assert ("plan", "hours") in rows and float(rows[("final", "eval_loss")]) > 0
-    assert {k for k in parents[0].data.metrics} == set()  # the parent has a table, not charts
+    assert {k.split("/")[0] for k in parents[0].data.metrics} == {"start", "novella"}  # headline figures only
     stages = json.loads(open(client.download_artifacts(parents[0].info.run_id, "stages.json")).read())
     assert [r[0] for r in stages["data"]] == ["general", "domain"]
     assert {"planned_s", "measured_s", "eval_loss"} <= set(stages["columns"])
@@ -190,7 +191,8 @@ def test_runs_and_registered_model_are_described(two_stage):
     version = client.get_model_version_by_alias("tiny", "champion")
     assert version.tags["forge.base"].startswith("scratch llama: hidden 32, 2 layers") and "{" not in version.tags["forge.base"]
     assert version.run_id == parents[0].info.run_id
-    assert version.tags["forge.plan"].startswith("general: local, 1 chip(s)") and "; domain: local" in version.tags["forge.plan"]
+    plan = version_details("tiny", version.version)["plan"]  # details: one JSON artifact, not tags
+    assert plan.startswith("general: local, 1 chip(s)") and "; domain: local" in plan
     assert version.description.startswith("Novella **tiny**: scratch llama")
     assert "## Evaluation" in version.description  # the model card follows the lineage in brief
     model = client.get_registered_model("tiny").description

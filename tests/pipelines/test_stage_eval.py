@@ -11,6 +11,7 @@ import mlflow
 import pytest
 
 from forge import cli
+from forge.track import version_details
 from forge_testing import base_recipe, crash_after, pretrain_stage, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_each_stage_is_evaluated_when_it_ends_and_the_mean_reward_gates_the_alia
     card = (out / "novella" / "MODEL_CARD.md").read_text()
     assert "| reward.mean |" in card and "reward_mean_min: reward.mean" in card
     version = client.get_model_version("tiny", "1")
-    assert version.tags["forge.gates"] == "fail" and "FAIL by" in version.tags["forge.gate.reward.mean"]
+    assert version.tags["forge.gates"] == "fail" and "FAIL by" in version_details("tiny", 1)["gate"]["reward.mean"]
     assert set(client.get_registered_model("tiny").aliases) == {"candidate"}
 
 
