@@ -9,6 +9,7 @@ from typing import Any
 from forge import catalog
 from forge.errors import ForgeError
 from forge.kinds import row, trains
+from forge.recipe.settings import mixture_warnings
 
 # AWS's guidance for Nova Forge: with about 10B tokens or more of your own data start from a pre- or
 # mid-trained checkpoint, with less from the post-trained one. The rule is stated for Nova models;
@@ -93,11 +94,13 @@ def _unreplayed(recipe: Any, phase: catalog.CatalogPhase) -> list[str]:
 
 
 def warnings(recipe: Any) -> list[str]:
-    """The advice for a recipe (none for a base that is not a catalog reference)."""
+    """The advice for a recipe: mixture weights that are shares only once normalized, and for a
+    catalog base whether its phase fits the data."""
+    mixtures = mixture_warnings(recipe.stages)
     if not catalog.is_ref(recipe.base):
-        return []
+        return mixtures
     phase = catalog.resolve(recipe.base)
-    return _point_fit(recipe, phase) + _unreplayed(recipe, phase)
+    return mixtures + _point_fit(recipe, phase) + _unreplayed(recipe, phase)
 
 
 def unbuilt(recipe: Any) -> dict[str, str]:

@@ -184,6 +184,24 @@ class PretrainStage(TrainSettings):
         return {src: "mixture." + (("customer." if src in self.mixture.customer else "curated.") if nova else "") + src
                 for src in self.weights}
 
+    def mixture_warning(self) -> str | None:
+        """Weights that add to neither 1 nor 100 (0.7 + 0.5): accepted, since the mixture trains on
+        their shares, but said, with those shares (a Nova mixture's percentages must add to 100)."""
+        if isinstance(self.mixture, NovaMixture):
+            return None
+        total = sum(self.weights.values())
+        if any(abs(total - whole) <= 1e-6 * whole for whole in (1.0, 100.0)):
+            return None
+        shares = ", ".join(f"{name} {weight / total:.1%}" for name, weight in self.weights.items())
+        return (f"mixture: weights add to {total:g}, not 1 (or 100 as percentages); they are used as shares: "
+                f"{shares}")
+
+
+def mixture_warnings(stages: list[Any]) -> list[str]:
+    """`stages[i].mixture: ...` for each stage whose mixture weights are shares only once normalized."""
+    found = [(i, s.mixture_warning()) for i, s in enumerate(stages) if isinstance(s, PretrainStage)]
+    return [f"stages[{i}].{text}" for i, text in found if text]
+
 
 class RopeScaling(Strict):
     """A RoPE scaling of a type transformers implements (checked against the installed version)."""
