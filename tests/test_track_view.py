@@ -142,3 +142,18 @@ def test_base_summary_says_the_trained_vocab(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1024}))
     assert base_summary(spec, tmp_path).endswith("vocab 1024")
     assert base_summary(spec, tmp_path / "gone").endswith("vocab 1024")  # not built: the recipe's figure
+
+
+def test_a_tracking_servers_run_link_opens_the_training_layout(tmp_path, capsys):
+    import os
+
+    from forge.track.experiment import after_run
+
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"  # MLflow's own links open GenAI
+    tracker, client = _tracker(tmp_path)
+    with tracker.run("p") as parent:
+        pass
+    after_run(mlflow, parent, "http://mlflow.internal:5050/")
+    exp = client.get_experiment_by_name("exp").experiment_id
+    assert capsys.readouterr().out.strip() == (f"forge: MLflow run page: http://mlflow.internal:5050/#/experiments/"
+                                               f"{exp}/runs/{parent}?workflowType=machine_learning")

@@ -15,8 +15,8 @@ from servers import forge_ui, group_members, poll, port_free
 
 def test_missing_store_is_one_line(tmp_path, capsys):
     assert cli.main(["ui", "--output", str(tmp_path / "nowhere")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("forge: error: no MLflow store at ") and "\n" not in err and "forge run" in err
+    err = _error(capsys)
+    assert err.startswith("forge: error: no MLflow store at ") and "forge run" in err
 
 
 def test_port_in_use_is_one_line(tmp_path, capsys):
@@ -26,8 +26,14 @@ def test_port_in_use_is_one_line(tmp_path, capsys):
         busy.listen()
         port = busy.getsockname()[1]
         assert cli.main(["ui", "--output", str(tmp_path), "--port", str(port)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"forge: error: port {port} on 127.0.0.1 is in use") and "\n" not in err
+    assert _error(capsys).startswith(f"forge: error: port {port} on 127.0.0.1 is in use")
+
+
+def _error(capsys) -> str:
+    """The refusal: one line, the last on stderr (after at most the command's first progress line)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[-1].startswith("forge: error: ") and "Traceback" not in "".join(lines), lines
+    return lines[-1]
 
 
 def test_needs_exactly_one_store(capsys):

@@ -1,6 +1,8 @@
 """MlflowTracker (forge.track.protocol.Tracker through MLflow): forge's runs (one parent per pipeline,
 a nested child per stage), their params, metrics, summaries, descriptions, datasets and artifacts,
-and the registry calls.
+and the registry calls. The experiment is created as a model-development one, and a top-level run
+with child runs (a pipeline's parent) leaves, as it ends, the experiment's shared view the UI
+links open (forge.track.experiment, forge.track.view).
 
 Every text it writes (tags, params, descriptions, summaries, datasets, text, dict and table
 artifacts, registry tags and descriptions, the error of a failed run) passes `forge.scrub` first.
