@@ -1,6 +1,7 @@
 """The MLflow experience in a real browser: a tiny recipe, `forge ui` on its store, headless Chromium
-(the system's, through Playwright; nothing downloaded) on the experiment, the parent run, a stage's
-charts and the registered model. Screenshots go to $FORGE_TEST_ARTIFACTS (default tests/artifacts/)."""
+(the system's, through Playwright; nothing downloaded) at 1600x1000 on the experiment's runs, the
+parent run, its comparison table, a stage's charts and the registered version, each in MLflow's
+model-training layout. Screenshots go to $FORGE_TEST_ARTIFACTS (default tests/artifacts/)."""
 from __future__ import annotations
 
 import os
@@ -45,33 +46,53 @@ def test_forge_ui_in_chromium(tmp_path):
 
     with forge_ui("--output", str(tmp_path / "out")) as ui, sync_api.sync_playwright() as pw:
         url, base = ui.url, ui.base
-        assert url == f"{base}/#/experiments/{exp}?workflowType=machine_learning"
+        # the runs table in forge's shared view (forge.track.view), in the model-training layout
+        assert url == f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=forge"
         browser = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1440, "height": 900})
+            viewport={"width": 1600, "height": 1000})
         page = browser.new_page()
 
         view = "?workflowType=machine_learning"
 
-        def visit(address: str, *texts: str, shot: str) -> str:
+        def visit(address: str, *texts: str, shot: str, frame: str | None = None, scroll: str | None = None) -> str:
             page.goto(address)
+            where = page.frame_locator(frame) if frame else page
             for text in texts:
-                page.get_by_text(text, exact=False).first.wait_for(state="visible", timeout=WAIT_MS)
-            close = page.get_by_role("button", name="Close", exact=True)  # MLflow 3's assistant panel
+                where.get_by_text(text, exact=False).first.wait_for(state="visible", timeout=WAIT_MS)
+            # MLflow 3's Assistant panel opens by itself on a browser's first visit and MLflow has no
+            # setting to keep it off (forge ui says so): closed once, as a person would
+            close = page.get_by_role("button", name="Close", exact=True)
             if close.count():
                 close.first.click()
+            if scroll:  # the part the screenshot is for
+                page.get_by_text(scroll, exact=True).first.scroll_into_view_if_needed()
             page.wait_for_timeout(2500)  # charts finish drawing
             page.screenshot(path=str(shots / shot))
             return page.inner_text("body")
 
-        # the experiment opens in the model-training view, on its three runs
-        body = visit(url, "Run Name", "3 matching runs", shot="ui-experiment.png")
-        assert "Model training" in body and "tiny" in body
-        assert "Evaluation runs" not in body and "Sessions" not in body  # the GenAI view's sidebar
-        # the parent run: its description's first line and the stage table
+        # the experiment: the parent and both stages each a row (not one collapsed parent), the
+        # stages' eval loss and the start-versus-Novella figures as columns, in the training layout
+        body = visit(url, "Run Name", "3 matching runs", "novella/ppl.domain", shot="ui-experiment.png")
+        assert "Model training" in body and "Sort: Created" in body
+        assert "Evaluation runs" not in body and "Sessions" not in body  # the GenAI layout's sidebar
+        for column in ("eval/loss", "start/ppl.domain", "novella/ppl.domain", "novella/retention.general"):
+            assert column in body, column
+        for name in ("tiny", "general", "domain"):
+            assert page.get_by_role("link", name=name, exact=True).first.is_visible(), name
+        parent = client.get_run(runs["tiny"]).data.metrics
+        assert f"{parent['novella/ppl.domain']:g}" in body  # the parent row's figure, in its column
+        # the parent run: its description's first line, its headline figures as metrics, the stages
         body = visit(f"{base}/#/experiments/{exp}/runs/{runs['tiny']}{view}", "tiny: 2 stage(s) from scratch llama",
                      shot="ui-parent-run.png")
         assert "Child runs" in body and "domain" in body and "general" in body
+        shown = re.search(r"Metrics \((\d+)\)", body)
+        assert shown and int(shown.group(1)) == len(parent) >= 8, body[:3000]
+        assert "Evaluation runs" not in body
+        # the comparison as a table beside its chart (an HTML artifact, drawn in a frame)
+        body = visit(f"{base}/#/experiments/{exp}/runs/{runs['tiny']}/artifacts/eval/comparison.html{view}",
+                     "start versus novella", "ppl.domain", shot="ui-comparison.png", frame="iframe")
+        assert "comparison.png" in body and "comparison.html" in body
         # a stage's charts: curves in sections by prefix, and no one-point charts of single figures
         # (eval/, eval/<source>/ sort before train/, whose charts MLflow draws only once scrolled to)
         body = visit(f"{base}/#/experiments/{exp}/runs/{runs['domain']}/model-metrics{view}",
@@ -79,8 +100,10 @@ def test_forge_ui_in_chromium(tmp_path):
         assert re.search(r"\beval\s*\(2\)", body) and re.search(r"\btrain\s*\(\d+\)", body), body[:2000]
         assert "(eval/ppl)" in body
         assert not any(word in body for word in ("final.", "plan.", "hygiene"))
-        # the registered model: the alias and the description's first line
-        body = visit(f"{base}/#/models/tiny{view}", "Novella tiny: scratch llama", "champion", shot="ui-model.png")
+        # the registered version: the alias, the description's first line, a handful of tags
+        body = visit(f"{base}/#/models/tiny/versions/1{view}", "Novella tiny: scratch llama", "champion",
+                     "forge.primary_metric", shot="ui-model.png", scroll="forge.primary_metric")
+        assert "forge.base" in body and "forge.compute" not in body and "forge.plan" not in body
         browser.close()
-    for name in ("ui-experiment.png", "ui-parent-run.png", "ui-stage-charts.png", "ui-model.png"):
+    for name in ("ui-experiment.png", "ui-parent-run.png", "ui-comparison.png", "ui-stage-charts.png", "ui-model.png"):
         assert (shots / name).stat().st_size > 10_000, name
