@@ -6,7 +6,8 @@ The stages are an ordinary recipe run by the Novella pipeline (pipelines/novella
 runner, lineage and MLflow runs); this pipeline checks the recipe's curated sets, then publishes
 the phase checkpoints, the sets and `foundation.json` (the catalog reads it, forge.catalog).
 
-    forge run recipes/foundation-tiny.yaml       # the family under the run's output/foundation
+    forge run recipes/foundation-tiny.yaml        # the family in the run's output/foundation, and (the
+                                                  # recipe as it is) installed in FORGE_HOME/foundations
     build(FORGE_HOME/foundations/forge-tiny, log) # what `catalog://forge-tiny@PHASE` builds on first use
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from forge.data.curated import HOLDOUT, SETS
 from forge.errors import ForgeError
 from forge.recipe import Recipe, resolved_yaml
 from forge.track.protocol import Tracker
+from forge.train.accel import process_state
 
 FAMILY = "forge-tiny"
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "foundation-tiny.yaml"
@@ -39,14 +41,29 @@ SKIP = {"training_state.pt", "forge_state.json", "manifest.json", "lineage.json"
 def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
         log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> Any:
     """Run the recipe's stages (the Novella pipeline), then publish the family under
-    `output/foundation`; returns the Novella pipeline's result."""
+    `output/foundation`; the family's own recipe, unchanged but for its output folder, also
+    installs it as the catalog's forge-tiny (FORGE_HOME/foundations/forge-tiny). Returns the
+    Novella pipeline's result."""
+    result = _run(recipe, tracker, (plans, comparison), log, resume, folder)
+    home = catalog_home()
+    if _is_family_recipe(recipe) and process_state().is_main_process:
+        home.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(home.parent / f".{home.name}.lock", log):
+            staging = home.with_name(f".{home.name}.staging-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(Path(recipe.output) / "foundation", staging)
+            _swap_in(staging, home)
+        log(f"foundation: installed as the catalog's {FAMILY}: {home}")
+    return result
+
+
+def _run(recipe: Recipe, tracker: Tracker, planned: tuple[dict[str, Any], dict[str, list[Any]]],
+         log: Callable[[str], None], resume: bool, folder: Any) -> Any:
     from pipelines import novella
 
     check_recipe(recipe)
     start = time.monotonic()
-    result = novella.run(recipe, tracker, plans, comparison, log=log, resume=resume, folder=folder)
-    from forge.train.accel import process_state
-
+    result = novella.run(recipe, tracker, planned[0], planned[1], log=log, resume=resume, folder=folder)
     if process_state().is_main_process:
         out = Path(recipe.output) / "foundation"
         publish(recipe, {s.name: r.checkpoint for s, r in zip(recipe.stages, result.stages)}, out)
@@ -56,6 +73,21 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         figures = measure(out, MEASURE_PER_TASK, log=log)
         (out / "measured.json").write_text(json.dumps(figures, indent=1) + "\n")
     return result
+
+
+def catalog_home() -> Path:
+    """Where the catalog looks for the built family: FORGE_HOME/foundations/forge-tiny."""
+    from forge.catalog import forge_home
+
+    return forge_home() / "foundations" / FAMILY
+
+
+def _is_family_recipe(recipe: Recipe) -> bool:
+    """Whether `recipe` is recipes/foundation-tiny.yaml as it is (only its output folder may differ)."""
+    from forge.recipe import load_recipe
+
+    own = load_recipe(RECIPE, [f"output={recipe.output}"])
+    return own.model_dump(mode="json") == recipe.model_dump(mode="json")
 
 
 def check_recipe(recipe: Recipe) -> None:
@@ -85,7 +117,7 @@ def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
     staging.mkdir(parents=True)
     trained: list[str] = []
     phases = {}
-    for i, stage in enumerate(recipe.stages):
+    for stage in recipe.stages:
         trained += [n for n in stage.sources if n not in trained]
         for phase, (name, point) in PHASES.items():
             if name == stage.name:
@@ -121,16 +153,15 @@ def _chat(spec: Any) -> dict | None:
 
 
 def _source_file(recipe: Recipe, name: str) -> Path:
-    """The JSONL file the run read for data source `name` (generated under output/data)."""
-    cfg = recipe.data[name]
-    if cfg.generate is not None:
-        g = cfg.generate
-        path = Path(recipe.output) / "data" / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl"
-    else:
-        path = Path(cfg.path or "")
-    if not path.is_file():
-        raise ForgeError(f"{recipe.name}: data.{name}: the foundation publishes one JSONL file per set; {path} is not one")
-    return path
+    """The one JSONL file the run read for data source `name` (forge.inputs resolves it again: a
+    generated set is found where the run wrote it)."""
+    from forge.inputs import resolve_source
+
+    files = resolve_source(name, recipe.data[name], Path(recipe.output) / "data").files
+    if len(files) != 1 or not files[0].name.endswith(".jsonl"):
+        raise ForgeError(f"{recipe.name}: data.{name}: the foundation publishes one JSONL file per set, "
+                         f"the source has {[f.name for f in files][:4]}")
+    return files[0]
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
@@ -170,10 +201,11 @@ def build(home: Path, log: Callable[[str], None] = print, overrides: list[str] |
         recipe = load_recipe(RECIPE, [f"output={work}", *(overrides or [])])
         start = time.monotonic()
         log(f"foundation: building {FAMILY} into {home} (recipe {RECIPE.name}, {_measured()})")
-        tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=True)
+        # the work folder goes once the family is in place, so nothing is logged to MLflow
+        tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=False)
         from forge.plan.recipe_plan import plan_recipe
 
-        run(recipe, tracker, {p.stage: p for p in plan_recipe(recipe)}, {}, log=log)
+        _run(recipe, tracker, ({p.stage: p for p in plan_recipe(recipe)}, {}), log, False, None)
         _swap_in(_take(work / "foundation", home), home)
         shutil.rmtree(work, ignore_errors=True)
         log(f"foundation: {FAMILY} built in {time.monotonic() - start:.0f} s: {home}")

@@ -132,3 +132,11 @@ def test_recipe_must_name_sets_after_their_kind():
     stages = [s for s in recipe.stages if s.name != "ramp-down"]
     with pytest.raises(ForgeError, match=r"stages: the foundation needs stages named \['ramp-down'\]"):
         foundation.check_recipe(recipe.model_copy(update={"stages": stages}))
+
+
+def test_only_the_family_recipe_as_it_is_installs_in_the_catalog(tmp_path):
+    from forge.recipe import load_recipe
+    from pipelines import foundation
+
+    assert foundation._is_family_recipe(load_recipe(foundation.RECIPE, [f"output={tmp_path}"]))
+    assert not foundation._is_family_recipe(load_recipe(foundation.RECIPE, ["stages[0].max_tokens=512"]))
