@@ -303,15 +303,23 @@ def highquality_set(docs: list[Doc], holdout: float, seed: int) -> Flagged:
 
 def long_set(docs: list[Doc], holdout: float, seed: int) -> Flagged:
     """Long documents: a module's docstrings in source order (module first), a reference topic, a
-    package description; those of LONG_MIN_CHARS or more, cut at a paragraph near LONG_MAX_CHARS."""
+    package description; shorter modules of one package joined (held-out ones only with held-out
+    ones) until LONG_MIN_CHARS; each cut at a paragraph near LONG_MAX_CHARS."""
     groups: dict[str, list[Doc]] = {}
     for d in docs:
         groups.setdefault(d.unit, []).append(d)
-    out = []
+    out: Flagged = []
+    pending: dict[tuple[str, bool], list[str]] = {}
     for unit, group in groups.items():
-        text = "\n\n".join(d.titled for d in group)
-        if len(text) >= LONG_MIN_CHARS:
-            cut = text.rfind("\n", 0, LONG_MAX_CHARS) if len(text) > LONG_MAX_CHARS else len(text)
-            out.append(({"text": text[:cut]}, held_out(unit, holdout)))
+        held, text = held_out(unit, holdout), "\n\n".join(d.titled for d in group)
+        if len(text) < LONG_MIN_CHARS:
+            parts = pending.setdefault((unit.split(".")[0], held), [])
+            parts.append(text)
+            if sum(map(len, parts)) < LONG_MIN_CHARS:
+                continue
+            text = "\n\n".join(parts)
+            parts.clear()
+        cut = text.rfind("\n", 0, LONG_MAX_CHARS) if len(text) > LONG_MAX_CHARS else len(text)
+        out.append(({"text": text[:cut]}, held))
     random.Random(f"long:{seed}").shuffle(out)
     return out
