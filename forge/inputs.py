@@ -10,6 +10,7 @@ from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
 from forge.data.sources import Source, find_files, is_saved_dataset
 from forge.errors import ForgeError
+from forge.progress import phase
 from forge.recipe import DataSource, Recipe
 from forge.scratch import build_scratch_base, scratch_key
 
@@ -71,8 +72,9 @@ class Inputs:
 def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     """Read and clean the recipe's data under `out/data` and make the base (rank 0 writes; call it
     inside `main_process_first()` when several processes run)."""
-    raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
-    fingerprints = {name: src.fingerprint() for name, src in raw.items()}
+    with phase(f"data: reading {len(recipe.data)} source(s) ({', '.join(recipe.data)}) and fingerprinting them"):
+        raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+        fingerprints = {name: src.fingerprint() for name, src in raw.items()}
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data")

@@ -29,6 +29,7 @@ import webbrowser
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.progress import phase
 from forge.track import view
 from forge.track.tracker import check_store_uri
 
@@ -201,7 +202,8 @@ def run(args) -> int:
         finally:
             os.close(lifeline)
         try:
-            wait_healthy(base, proc, log, args.timeout)
+            with phase(f"starting the MLflow server on {base} (half a minute the first time)", done=False):
+                wait_healthy(base, proc, log, args.timeout)
             url = experiment_url(base, experiment)
             print(f"MLflow UI on {uri}\n  {url}\n  (Ctrl+C to stop; server log: {log})\n  {view.ASSISTANT_NOTE}",
                   flush=True)

@@ -18,7 +18,7 @@ from forge_testing import REPO
 # version), and pipelines/. Each unit may import itself and the units listed for it, nothing else.
 # The CLI reaches a pipeline by name (importlib), never by an import statement.
 LEAVES = {"forge", "forge.errors", "forge.files", "forge.base_check", "forge.usercode", "forge.rundir",
-          "forge.lineage", "forge.scrub"}  # small helpers and records: import only each other
+          "forge.lineage", "forge.scrub", "forge.progress"}  # small helpers and records: import only each other
 # (forge.scrub, the one scrubber every writer calls, also imports forge.data's secret and PII detectors)
 SCHEMA = {"forge.recipe", "forge.kinds", "forge.catalog"}  # the recipe schema and the kinds table
 MIDDLE = {"forge.train", "forge.data", "forge.lm", "forge.eval", "forge.plan", "forge.track", "forge.export",
@@ -52,6 +52,7 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge": set(),
     "forge.errors": set(),
     "forge.files": set(),
+    "forge.progress": set(),                               # progress lines, for every layer
     "forge.base_check": set(),
     "forge.usercode": {"forge.errors"},
     "forge.rundir": {"forge.errors", "forge.scrub"},

@@ -14,6 +14,7 @@ from pathlib import Path
 from forge.data.hygiene import Hygiene, HygieneConfig
 from forge.data.sources import Source
 from forge.files import atomic_dir
+from forge.progress import phase
 
 
 def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str], fingerprints: dict[str, str],
@@ -34,7 +35,8 @@ def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str
         with tempfile.TemporaryDirectory(prefix="dedup-", dir=out_dir) as spill, atomic_dir(cache) as tmp:
             hygiene = Hygiene(cfg, eval_texts, spill_dir=spill)
             for name in todo:
-                with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                with phase(f"data: cleaning {name} (PII, secrets, duplicates)"), \
+                        open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
                     for number, text in hygiene.process(name, sources[name].records()):
                         f.write(json.dumps({"record": number, "text": text}) + "\n")
             (tmp / "stats.json").write_text(json.dumps(hygiene.stats.as_dict(), indent=1))

@@ -1,4 +1,5 @@
-"""`forge export` and `forge deploy`: argument parsing, delegating to forge.export's modules."""
+"""`forge export` and `forge deploy`: argument parsing, delegating to forge.export's modules (imported
+after the command's first line: they load torch)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.progress import phase
 from forge.quiet import quiet_libraries
 
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?", re.IGNORECASE)
@@ -60,9 +62,6 @@ def add_subcommands(sub) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from forge.export.layout import ExportOptions, export
-    from forge.export.source import resolve
-
     template = None
     if args.chat_template is not None:
         if not args.chat_template.is_file():
@@ -70,7 +69,13 @@ def run_export(args: argparse.Namespace) -> int:
         template = args.chat_template.read_text()
     if bool(args.role_arn) != bool(args.s3_uri):
         raise ForgeError("--role-arn and --s3-uri go together (they make bedrock-import-job.json)")
-    quiet_libraries()
+    # the first line, before torch loads (a refusal of the arguments above comes before it)
+    with phase(f"forge export {args.source} -> {args.out} ({args.format}, {args.dtype}): loading torch, "
+               "transformers and MLflow", done=False):
+        quiet_libraries()
+        from forge.export.layout import ExportOptions, export
+        from forge.export.source import resolve
+
     opts = ExportOptions(format=args.format, dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size),
                          model_name=args.model_name, job_name=args.job_name, role_arn=args.role_arn,
                          s3_uri=args.s3_uri.rstrip("/") + "/" if args.s3_uri else None,
@@ -82,9 +87,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from forge.export.deploy import DeployOptions, deploy
+    dry = " (a dry run: nothing is sent)" if args.dry_run else ""
+    with phase(f"forge deploy {args.folder} -> {args.s3_uri}{dry}: loading boto3, torch and MLflow", done=False):
+        quiet_libraries()
+        from forge.export.deploy import DeployOptions, deploy
 
-    quiet_libraries()
     opts = DeployOptions(region=args.region, dry_run=args.dry_run, job_name=args.job_name, wait=not args.no_wait,
                          poll_seconds=args.poll_seconds, timeout_seconds=args.timeout_minutes * 60,
                          part_size=args.part_size_mb * 1024**2, tracking_uri=args.tracking_uri)

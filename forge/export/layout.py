@@ -29,6 +29,7 @@ from forge.export.destination import JOB_REQUEST, MANIFEST, check_destination, w
 from forge.export.shapes import check_config
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import replace_dir
+from forge.progress import counted, phase
 from forge.lineage import Lineage
 from forge.scrub import scrub_dict
 
@@ -135,7 +136,8 @@ def _write(src: Source, real: Path, opts: ExportOptions, checked: _Checked, log)
         if opts.verify:
             from forge.export.verify import verify
 
-            manifest["verification"] = verify(src, tmp, opts.dtype, log=log)
+            with phase("export: verifying (reloading the export, comparing logits, generating)"):
+                manifest["verification"] = verify(src, tmp, opts.dtype, log=log)
         (tmp / MANIFEST).write_text(json.dumps(scrub_dict(manifest), indent=2) + "\n")  # paths, lineage: scrubbed
         request = None
         if opts.role_arn and opts.s3_uri:
@@ -189,7 +191,8 @@ def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str,
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     pending: dict[int, dict[str, torch.Tensor]] = {}
     n_params = 0
-    for name, tensor in source_tensors(src):
+    weights = f"export: weights ({sum(sizes.values()) / 1e6:,.0f} MB)"
+    for name, tensor in counted(source_tensors(src), len(sizes), weights, "tensor"):
         if name not in shard_of:
             raise ForgeError(f"{src.folder}: weight {name} appeared that the headers did not list")
         t = tensor.to(TORCH[opts.dtype]) if tensor.is_floating_point() else tensor

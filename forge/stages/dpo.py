@@ -29,6 +29,7 @@ from forge.track.protocol import StageTracker
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import IGNORE, Loss
 from forge.train.preference import dpo_loss, sequence_logps
+from forge.train.progress import counted, say
 from forge.train.session import Session, open_session
 
 Pair = dict[str, Any]  # a tokenized preference pair (forge.data.examples.preference_examples)
@@ -99,10 +100,13 @@ def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor],
 
 @torch.no_grad()
 def reference_logps(model: torch.nn.Module, pairs: list[Pair], batch_size: int, pad_id: int,
-                    device: torch.device) -> torch.Tensor:
+                    device: torch.device, desc: str | None = None) -> torch.Tensor:
+    """The summed reply log-probs of every pair, batch by batch; with `desc`, a progress line
+    (`desc: batch 12/40 (30%), ETA ...`) every ~10% of the batches or 10 s."""
     model.eval()
+    starts = range(0, len(pairs), batch_size)
     out = [pair_logps(model, collate_pairs(pairs[i:i + batch_size], pad_id), device)[0].float().cpu()
-           for i in range(0, len(pairs), batch_size)]
+           for i in counted(starts, len(starts), desc or "", "batch", enabled=desc is not None)]
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
@@ -120,9 +124,14 @@ def cached_reference(stage: DpoStage, s: Session, splits: dict[str, list[Pair]],
         if saved.get("key") == key:
             cached: dict[str, torch.Tensor] = saved["logps"]
             return cached
+    if s.is_main:
+        say(f"{stage.name}: the reference's log-probs of {sum(map(len, splits.values()))} pairs, computed once "
+            f"before training (kept in {path})")
     model, _ = s.checkpoints.load_model(checkpoint)
     model.to(s.device)
-    logps = {name: reference_logps(model, pairs, stage.batch_size, s.pad_id, s.device) for name, pairs in splits.items()}
+    logps = {name: reference_logps(model, pairs, stage.batch_size, s.pad_id, s.device,
+                                   f"{stage.name}: reference log-probs, {name} pairs" if s.is_main else None)
+             for name, pairs in splits.items()}
     del model
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from forge.train.meter import Meter
-from forge.train.progress import progress
+from forge.train.progress import phase, progress
 from forge.train.result import StageResult
 from forge.train.session import Session
 from forge.train.signals import GracefulStop, StopRequested
@@ -107,7 +107,9 @@ def _start(s: Session, task: Task, tracker: Tracker, state: TrainState, guard: D
         tracker.set_tags({"resumed_from": str(s.resume_from)})
         guard.last_good_checkpoint = s.resume_from
     else:
-        state.metrics.update({f"{k}_start": v for k, v in _evaluate(task, tracker, 0).items()})
+        shown = s.is_main and task.evaluate is not None
+        with phase(f"{s.settings.name}: evaluating the starting model", enabled=shown):
+            state.metrics.update({f"{k}_start": v for k, v in _evaluate(task, tracker, 0).items()})
 
 
 def _log(s: Session, task: Task, tracker: Tracker, state: TrainState,
@@ -174,9 +176,12 @@ def _finish(s: Session, task: Task, tracker: Tracker, state: TrainState,
     meter, loss, guard = ctx
     metrics = state.metrics
     metrics["loss"] = loss
-    metrics.update(_evaluate(task, tracker, s.total_steps))
+    trained = meter.totals()  # training time only: the final evaluation is not a step's
+    shown = s.is_main and task.evaluate is not None
+    with phase(f"{s.settings.name}: evaluating the trained model", enabled=shown):
+        metrics.update(_evaluate(task, tracker, s.total_steps))
     metrics["tokens"] = state.tokens
-    metrics.update(meter.totals())
+    metrics.update(trained)
     metrics["peak_mem_bytes"] = s.memory.peak_bytes()
     if guard.skipped:
         metrics["guard_skipped_steps"] = guard.skipped

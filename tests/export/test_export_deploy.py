@@ -86,8 +86,8 @@ def test_failed_job_reports_bedrock_message(exported, aws, monkeypatch, capsys):
     monkeypatch.setattr(boto3, "Session", lambda **kw: aws)
     code = cli.main(["deploy", str(exported), "--s3-uri", "s3://forge-models/novellas/tiny/", "--role-arn", ROLE,
                      "--job-name", "job-1", "--poll-seconds", "0"])
-    err = capsys.readouterr().err
-    assert code == 2
+    first, err = capsys.readouterr().err.split("\n", 1)  # the command's first line, then the refusal
+    assert code == 2 and first.startswith(f"forge deploy {exported} -> ")
     assert err.strip() == "forge: error: import job job-1 failed: The model architecture is not supported."
 
 
@@ -145,8 +145,9 @@ def test_dry_run_sends_nothing(exported, monkeypatch, capsys):
 
 def test_bad_role_and_missing_credentials_are_one_line_errors(exported, tmp_path, monkeypatch, capsys):
     code = cli.main(["deploy", str(exported), "--s3-uri", "s3://forge-models/x", "--role-arn", "admin"])
-    err = capsys.readouterr().err
-    assert code == 2 and "roleArn 'admin' does not match" in err and err.count("\n") == 1
+    first, err = capsys.readouterr().err.split("\n", 1)  # the command's first line, then the refusal
+    assert code == 2 and first.startswith("forge deploy ")
+    assert "roleArn 'admin' does not match" in err and err.count("\n") == 1
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -154,8 +155,9 @@ def test_bad_role_and_missing_credentials_are_one_line_errors(exported, tmp_path
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     code = cli.main(["deploy", str(exported), "--s3-uri", "s3://forge-models/x", "--role-arn", ROLE,
                      "--region", "us-east-1"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("forge: error: no AWS credentials found") and err.count("\n") == 1
+    first, err = capsys.readouterr().err.split("\n", 1)
+    assert code == 2 and first.startswith("forge deploy ")
+    assert err.startswith("forge: error: no AWS credentials found") and err.count("\n") == 1
 
 
 def test_credentials_are_never_logged(exported, aws, monkeypatch, capsys):

@@ -201,7 +201,8 @@ def test_cli_refusal_is_one_line(tiny_checkpoint, tmp_path, capsys):
     src = save_tiny("gpt2", tmp_path / "g", tiny_checkpoint)
     capsys.readouterr()  # transformers' own progress output while building the model
     assert cli.main(["export", str(src), "--out", str(tmp_path / "e")]) == 2
-    err = capsys.readouterr().err
+    first, err = capsys.readouterr().err.split("\n", 1)  # the command's first line, then the refusal
+    assert first.startswith(f"forge export {src} -> ")
     assert err.startswith("forge: error: cannot export: architecture GPT2LMHeadModel is not supported")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert cli.main(["export", str(src), "--out", str(tmp_path / "e"), "--max-shard-size", "lots"]) == 2
