@@ -9,9 +9,16 @@ import signal
 import sys
 from pathlib import Path
 
+# OpenMP threads that wait for work sleep instead of spinning: with as many threads as cores
+# (torch's default), a spinning thread whose core another process holds stalls every parallel
+# region; on a shared 2-core machine a tiny model's training step took 4.6 s spinning, 0.43 s
+# passive. Set before torch loads (it reads the policy once); a user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from forge.errors import ForgeError
-from forge.scrub import scrub
+from forge.progress import phase, say
 from forge.quiet import quiet_libraries
+from forge.scrub import scrub
 
 
 def _validate(args) -> int:
@@ -93,16 +100,19 @@ def _describe_code(spec: str) -> str:
 
 def _run(args) -> int:
     from forge.recipe import load_recipe
-    from forge.track import MlflowTracker
 
     recipe = load_recipe(args.recipe, args.overrides)
-    quiet_libraries()
+    say(opening_line(args.recipe, recipe))  # within a second or two: torch, transformers and mlflow load after it
+    with phase("loading torch, transformers, MLflow and the pipeline", done=False):
+        quiet_libraries()
+        from forge.train.accel import process_state
+
+        pipeline = _pipeline(args.recipe, recipe.pipeline)
     if _build_foundations(args, recipe):  # read again: the built family's manifest is authoritative
         recipe = load_recipe(args.recipe, args.overrides)
     from forge.plan.recipe_plan import plan_recipe
-    from forge.plan.report import assert_plans_fit, format_table
+    from forge.plan.report import assert_plans_fit
     from forge.plan.runlog import COMPARE_TARGETS
-    from forge.train.accel import process_state
 
     # every refusal (the plan does not fit, no such pipeline, the folder in use or not startable)
     # comes before any output or any write
@@ -111,7 +121,6 @@ def _run(args) -> int:
     for plan in plan_recipe(recipe, target=COMPARE_TARGETS):
         comparison.setdefault(plan.stage, []).append(plan)
     warnings = assert_plans_fit(plans, force=args.force)
-    pipeline = _pipeline(args.recipe, recipe.pipeline)
     rank0 = process_state().is_main_process  # the same notion of rank the pipeline and stages use
     # a launcher stops the other ranks with SIGTERM when one fails: exit through Python so that
     # open MLflow runs are ended FAILED rather than left RUNNING (inside a training loop, the first
@@ -130,13 +139,11 @@ def _run(args) -> int:
                   "(add --overwrite to run it again)", file=sys.stderr)
             return 0
         if rank0:
-            print(format_table(plans), end="")
+            plans = _say_plan(args, recipe, process_state().num_processes == 1)
         for warning in warnings:
             print(f"forge: warning: --force given, running anyway: {warning}", file=sys.stderr)
         try:
-            tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
-                                    on_error=recipe.tracking.on_error, system_metrics=recipe.tracking.system_metrics)
-            result = _run_pipeline(pipeline, recipe, tracker, (plans, comparison), args, folder)
+            result = _run_pipeline(pipeline, recipe, _tracker(recipe, rank0), (plans, comparison), args, folder)
         except BaseException as e:
             if rank0 and isinstance(e, ForgeError) and not folder.resumable():
                 folder.forget()  # bad input before anything resumable: the folder stays startable as it was
@@ -147,15 +154,44 @@ def _run(args) -> int:
         if rank0:
             folder.finish()
     if rank0:
-        print(f"novella: {result.novella}")
-        print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
-        if result.model_uri:
-            print(f"model:   {result.model_uri} (version {result.version})")
-        failed = _report_evaluation(result.evaluation)
-        print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
-        if failed and args.strict:
-            return 1
+        return _say_result(args, recipe, result)
     return 0
+
+
+def _tracker(recipe, rank0: bool):
+    """The run's MLflow tracker (rank 0's records; a new SQLite store is created and migrated first)."""
+    from forge.track import MlflowTracker
+
+    with phase(f"opening the MLflow store {recipe.tracking_uri}", enabled=rank0, done=False):
+        return MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=rank0,
+                             on_error=recipe.tracking.on_error, system_metrics=recipe.tracking.system_metrics)
+
+
+def opening_line(path: str, recipe) -> str:
+    """`forge run`'s first line: which recipe, its stages, where it writes."""
+    stages = ", ".join(f"{s.name} ({s.kind})" for s in recipe.stages)
+    return f"forge run {path}: {recipe.name}, {len(recipe.stages)} stage(s): {stages}; output {recipe.output}"
+
+
+def _say_plan(args, recipe, measure: bool) -> list:
+    """One line per stage (the time predicted here and on the recipe's target), at the local rate
+    of a calibration file, else of this machine measured (once: cached in the output folder);
+    the plans to log. The full table is `forge plan`'s."""
+    from forge.plan.run_plan import run_plans
+
+    plans, lines = run_plans(recipe, args.recipe, say, measure=measure)
+    print("\n".join(lines), flush=True)
+    return plans
+
+
+def _say_result(args, recipe, result) -> int:
+    print(f"novella: {result.novella}")
+    print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
+    if result.model_uri:
+        print(f"model:   {result.model_uri} (version {result.version})")
+    failed = _report_evaluation(result.evaluation)
+    print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
+    return 1 if failed and args.strict else 0
 
 
 def _pipeline(recipe_path: str, name: str):
@@ -232,9 +268,21 @@ def _report_evaluation(ev) -> list:
     return failed
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="forge", description="Customize language models with your own data.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# the subcommands whose arguments live in their own module, and what each says in `forge --help`;
+# only the one being run is imported (`forge --help` imports none): a command's first line comes
+# before the libraries the others need
+LAZY = {"plan": ("forge.plan.command",
+                 "plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)"),
+        "export": ("forge.export.command",
+                   "write a Novella in the Bedrock Custom Model Import (or Hugging Face) layout"),
+        "deploy": ("forge.export.command",
+                   "upload an export to S3 and start an Amazon Bedrock Custom Model Import job"),
+        "eval": ("forge.eval.command", "evaluate a run's models (or any models) side by side, with gates"),
+        "catalog": ("forge.catalog.command", "foundation families: phase checkpoints and curated data"),
+        "ui": ("forge.ui", "open the MLflow UI on a run's store")}
+
+
+def _add_recipe_commands(sub) -> None:
     for name, func, text in [("validate", _validate, "check a recipe without running it"),
                              ("run", _run, "run a recipe's pipeline")]:
         p = sub.add_parser(name, help=text, description=text)
@@ -251,39 +299,60 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--allow-changed", action="store_true",
                            help="with --resume: continue although the recipe, data or base changed")
             p.add_argument("--strict", action="store_true", help="exit 1 when an evaluation gate fails")
-    from forge.plan import command as plan_command
 
-    p = sub.add_parser("plan", help="plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)",
-                       description=plan_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    plan_command.add_arguments(p)
-    p.set_defaults(func=plan_command.run)
-    from forge.export import command as export_command  # `forge export`, `forge deploy`
 
-    export_command.add_subcommands(sub)
-    from forge.eval import command as eval_command
-
-    p = sub.add_parser("eval", help="evaluate a run's models (or any models) side by side, with gates",
-                       description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    eval_command.add_arguments(p)
-    p.set_defaults(func=eval_command.run)
-    from forge.catalog import command as catalog_command  # `forge catalog`
-
-    p = sub.add_parser("catalog", help="foundation families: phase checkpoints and curated data",
-                       description=catalog_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    catalog_command.add_arguments(p)
-    p.set_defaults(func=catalog_command.run)
-    from forge import ui  # `forge ui`
-
-    p = sub.add_parser("ui", help="open the MLflow UI on a run's store", description=ui.__doc__,
+def _add_lazy_command(sub, name: str) -> None:
+    """The full parser of one LAZY subcommand, from its module."""
+    module = importlib.import_module(LAZY[name][0])
+    if name in ("export", "deploy"):
+        module.add_subcommands(sub)  # both, one module
+        return
+    p = sub.add_parser(name, help=LAZY[name][1], description=module.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ui.add_arguments(p)
-    p.set_defaults(func=ui.run)
+    module.add_arguments(p)
+    p.set_defaults(func=module.run)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `forge` parser; of the LAZY subcommands only the one `argv` names is built in full."""
+    argv = sys.argv[1:] if argv is None else argv
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    parser = argparse.ArgumentParser(prog="forge", description="Customize language models with your own data.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_recipe_commands(sub)
+    done: set[str] = set()
+    for name, (module, text) in LAZY.items():
+        if name in done:
+            continue
+        if name == wanted or (module == "forge.export.command" and wanted in ("export", "deploy")):
+            _add_lazy_command(sub, name)
+            done |= {"export", "deploy"} if module == "forge.export.command" else {name}
+        else:
+            sub.add_parser(name, help=text)  # listed in `forge --help`; built only when run
     return parser
 
 
+def opening(args) -> str | None:
+    """The first line of a command whose own first line comes late (after torch loads, a model is
+    read, a server answers); the other commands print theirs within a second or two."""
+    if args.command == "eval":
+        if args.recipe:
+            return (f"forge eval {args.recipe}: evaluating its run's models "
+                    "(the start, each stage's output, the Novella)")
+        return f"forge eval: evaluating {args.models or '?'} on the suite {args.suite or '?'}"
+    if args.command == "ui":
+        where = args.recipe or args.output or args.tracking_uri or "?"
+        return f"forge ui: opening the MLflow UI on {where}'s store" if not args.tracking_uri else \
+            f"forge ui: opening the MLflow UI on {where}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
+        first = opening(args)
+        if first:
+            say(first)
         return args.func(args)
     except ForgeError as e:
         print(scrub(f"forge: error: {e}").replace("\n", "\n  "), file=sys.stderr)  # terminal logs are kept

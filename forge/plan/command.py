@@ -6,7 +6,8 @@
     forge plan --model ./ckpt --tokens 2B --target trn2 --deadline 24 --budget 5000
     forge plan --model llama-3.1-70b              (parameter counts and memory per precision)
     forge plan --anchors                          (replay published runs: predicted vs published)
-    forge plan --calibrate --runs RUNS_DIR        (fit the local machine; writes RUNS_DIR/calibration.yaml)
+    forge plan --calibrate --runs RUNS_DIR        (fit the local machine; writes RUNS_DIR/calibration.yaml,
+                                                   which runs and plans of a recipe writing to RUNS_DIR use)
     forge plan --model ./ckpt --tokens 1M --calibration RUNS_DIR/calibration.yaml
     forge plan --list-targets
 
@@ -24,12 +25,13 @@ from pathlib import Path
 from forge.errors import ForgeError
 from forge.kinds import KINDS
 from forge.plan import workloads as W
-from forge.plan.calibrate import calibrate
+from forge.plan.calibrate import LOCAL_CHIP, calibrate
 from forge.plan.hardware import get_system, known_targets, load_catalog, parse_targets
 from forge.plan.model import load_model_config
 from forge.plan.planner import Goal, Setup, compare, model_summary
 from forge.plan.report import format_table, plot_plans, to_json
 from forge.plan.stacks import get_stack, known_stacks
+from forge.progress import say
 
 DEFAULT_BATCH_TOKENS = 4 * 2**20     # ~4M tokens per step when --global-batch is not given
 MAX_CHIP_YEARS = 1e6                 # a plan beyond this is a typo, not a plan
@@ -62,7 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", help="override the stage precision (bf16, fp8, fp32, ...)")
     parser.add_argument("--hardware", action="append", default=[], metavar="YAML",
                         help="extra hardware catalog file(s) merged over the built-in one")
-    parser.add_argument("--calibration", metavar="YAML", help="apply a local calibration written by --calibrate")
+    parser.add_argument("--calibration", metavar="YAML", help="apply a local calibration written by --calibrate "
+                        "(a recipe's compute.calibration, or a calibration.yaml in its output folder, applies unasked)")
+    parser.add_argument("--no-measure", action="store_true", help="plan a recipe on the local target with the "
+                        "catalog's guess instead of measuring this machine (a measurement is cached in the "
+                        "output folder)")
     parser.add_argument("--list-targets", action="store_true", help="list known targets and exit")
     parser.add_argument("--anchors", action="store_true", help="replay published training runs (anchors.yaml)")
     parser.add_argument("--calibrate", action="store_true", help="fit the local machine from recorded runs")
@@ -157,8 +163,30 @@ def _calibrate(args) -> int:
     print(f"used: {', '.join(cal.used)}")
     if cal.rejected:
         print(f"rejected as outliers: {', '.join(cal.rejected)}")
-    print(f"wrote {path} (applied only with: forge plan --calibration {path})")
+    print(f"wrote {path}: forge run and forge plan use it for a recipe whose output is {Path(path).parent} "
+          f"(elsewhere: forge plan --calibration {path}, or a recipe's compute.calibration)")
     return 0
+
+
+def _plan_recipe(args, stack):
+    """(plans, the local rate they used) of `forge plan RECIPE`: its calibration (--calibration,
+    compute.calibration, else OUTPUT/calibration.yaml), else this machine measured (once: the
+    measurement is cached in the output folder), else (--no-measure) the catalog's guess."""
+    from forge.advice import warnings
+    from forge.plan.recipe_plan import local_rate, plan_recipe, recipe_catalog
+    from forge.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    for warning in warnings(recipe):  # starting-point advice, never a failure
+        print(f"forge: warning: {warning}", file=sys.stderr)
+    catalog = recipe_catalog(recipe, tuple(getattr(args, "hardware", []) or ()), getattr(args, "calibration", None))
+    names = [t for t, _ in parse_targets(args.target or recipe.compute.target)]
+    here = any(get_system(t, catalog).chip.key == LOCAL_CHIP for t in names)
+    rate = local_rate(recipe, catalog, measure=here and not getattr(args, "no_measure", False), log=say,
+                      precision=args.precision)
+    plans = plan_recipe(recipe, args.target, Goal(args.chips, args.deadline, args.budget),
+                        Setup(stack=stack, mfu=args.mfu), args.precision, catalog, local=rate)
+    return plans, rate
 
 
 def run(args) -> int:
@@ -179,7 +207,7 @@ def run(args) -> int:
 
         print(format_replays(replay_all()), end="")
         return 0
-    stack = getattr(args, "stack", None)
+    stack, rate = getattr(args, "stack", None), None
     if getattr(args, "model", None):
         config = load_model_config(args.model)
         if args.tokens is None and args.steps is None:
@@ -192,15 +220,7 @@ def run(args) -> int:
         plans = compare(config, _workload(args), targets, Goal(deadline_h=args.deadline, budget_usd=args.budget),
                         Setup(stack=stack, mfu=args.mfu), catalog)
     elif getattr(args, "recipe", None):
-        from forge.advice import warnings
-        from forge.plan.recipe_plan import plan_recipe
-        from forge.recipe import load_recipe
-
-        recipe = load_recipe(args.recipe)
-        for warning in warnings(recipe):  # starting-point advice, never a failure
-            print(f"forge: warning: {warning}", file=sys.stderr)
-        plans = plan_recipe(recipe, args.target, Goal(args.chips, args.deadline, args.budget),
-                            Setup(stack=stack, mfu=args.mfu), args.precision, catalog)
+        plans, rate = _plan_recipe(args, stack)
     else:
         raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")
     _refuse_absurd(plans)
@@ -208,6 +228,8 @@ def run(args) -> int:
         print(to_json(plans))
     else:
         print(format_table(plans), end="")
+    if rate is not None and any(p.target == "local" for p in plans):
+        print(f"local rate: {rate.text}", file=sys.stderr if args.json else sys.stdout)
     if getattr(args, "plot", None):
         path = plot_plans(plans, args.plot)
         if not args.json:

@@ -6,6 +6,7 @@ answers questions such as "what is a Trn3 UltraServer's aggregate FP8 compute".
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,20 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def read_yaml(path: Path) -> dict:
+    """A hardware file's mapping (parsed once per version of the file: planning reads the catalog
+    for every anchor it replays)."""
+    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = 0  # read_text below names the problem
+    return copy.deepcopy(_parse(str(path), stamp))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(path: str, stamp: int) -> dict:
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except yaml.YAMLError as exc:
         raise ForgeError(f"hardware file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

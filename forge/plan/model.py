@@ -20,6 +20,8 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 GPT_LIKE = ("gpt2", "gpt_bigcode")
 SUPPORTED = LLAMA_LIKE + GPT_LIKE
 
+FAST = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: the same data, faster
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -175,7 +177,7 @@ def count_parameters(s: ModelSpec) -> ParamCount:
 
 
 def load_presets() -> dict:
-    return yaml.safe_load(PRESETS_FILE.read_text()) or {}
+    return yaml.load(PRESETS_FILE.read_text(), Loader=FAST) or {}
 
 
 def load_model_config(ref: str | Path | dict) -> dict:

@@ -88,6 +88,37 @@ def format_table(plans: list[StagePlan]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def duration_text(seconds: float) -> str:
+    """'<0.1 s', '~0.25 s', '~40 s', '~1.5 min', '~2.3 h', '~3.1 days'."""
+    if seconds < 0.1:
+        return "<0.1 s"
+    if seconds < 90:
+        return f"~{seconds:.2g} s" if seconds < 10 else f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.2g} min"
+    return f"~{seconds / 3600:.2g} h" if seconds < 3 * 86400 else f"~{seconds / 86400:,.1f} days"
+
+
+def _where(p: StagePlan) -> str:
+    return "here" if p.target == "local" else f"on {p.target} x{p.chips}"
+
+
+def stage_lines(local: list[StagePlan], target: list[StagePlan], tag: str) -> list[str]:
+    """One plain line per stage: its steps and the time predicted here (`tag`: which rate), and on
+    the recipe's own target when that is not this machine, e.g.
+    'sft (sft): 120 steps, ~1.5 min here (measured rate), ~2 s on trn3-ultraserver x16'."""
+    others = {p.stage: p for p in target if p.target != "local"}
+    lines = []
+    for p in local:
+        here = f"{duration_text(p.hours * 3600)} here ({tag})" if p.feasible else "does not fit here"
+        line = f"{p.stage} ({p.kind}): {p.steps:,} steps, {here}"
+        t = others.get(p.stage)
+        if t is not None:
+            line += f", {duration_text(t.hours * 3600)} {_where(t)}" if t.feasible else f", does not fit {_where(t)}"
+        lines.append(line)
+    return lines
+
+
 def to_json(plans: list[StagePlan]) -> str:
     return json.dumps([p.as_dict() for p in plans], indent=2, default=str)
 

@@ -29,10 +29,16 @@ def log_plan_chart(tracker, plan: StagePlan, comparison: list[StagePlan], measur
         tracker.log_artifact(plot_plans([plan, *comparison], Path(tmp) / "plan_targets.png", measured_hours), "plan")
 
 
-def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, run_dir) -> dict:
-    """Compare the planner's local prediction with what the stage measured; record it for calibration
-    in `run_dir` (the stage's output folder), never in a machine-wide file."""
+def log_measured(tracker, model_config: dict, stage, steps: int, metrics: dict, run_dir,
+                 plan: StagePlan | None = None) -> dict:
+    """Compare the planner's local prediction (the run's own local `plan`, at the rate it used:
+    calibrated, measured or the guess; else the uncalibrated one) with what the stage measured;
+    record it for calibration in `run_dir` (the stage's output folder), never in a machine-wide file."""
     predicted = predict_local_step(model_config, stage.seq_len, stage.batch_size, stage.grad_accum, stage.precision)
+    if plan is not None and plan.target == "local" and plan.feasible and plan.step_time_s:
+        predicted.update(step_time_s=plan.step_time_s, tokens_per_s=predicted["tokens_per_step"] / plan.step_time_s,
+                         calibrated=bool(plan.band_basis) and not plan.band_basis.startswith("uncalibrated"),
+                         rate=plan.band_basis)
     measured = {"step_time_s": metrics["step_time_s"], "tokens_per_s": metrics["tokens_per_s_mean"],
                 "peak_mem_bytes": metrics["peak_mem_bytes"], "flops_per_step": predicted["flops_per_step"],
                 "precision": stage.precision, "steps": steps}

@@ -14,6 +14,8 @@ from forge.errors import ForgeError
 
 STACKS_FILE = Path(__file__).with_name("stacks.yaml")
 
+FAST = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: the same data, faster
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -30,7 +32,7 @@ class Stack:
 
 
 def load_stacks() -> dict:
-    return (yaml.safe_load(STACKS_FILE.read_text()) or {}).get("stacks", {})
+    return (yaml.load(STACKS_FILE.read_text(), Loader=FAST) or {}).get("stacks", {})
 
 
 def known_stacks() -> list[str]:

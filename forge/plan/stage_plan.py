@@ -157,10 +157,11 @@ def _catalog_notes(system: System, ctx: "search.Context", spec: ModelSpec) -> li
     cal = system.chip.calibration
     if system.chip.status == "local":
         if ctx.precision in cal.get("effective_tflops", {}):
-            notes.append(f"local rate calibrated from {cal.get('runs', '?')} run(s)")
+            notes.append(f"local rate {cal.get('source') or 'calibrated'}" +
+                         (f" ({cal['runs']} run(s))" if cal.get("runs") else ""))
         else:
-            notes.append("local rate uncalibrated: `forge plan --calibrate --runs RUNS_DIR` after a local run, "
-                         "then plan with --calibration RUNS_DIR/calibration.yaml")
+            notes.append("local rate uncalibrated (a guess): forge run and forge plan RECIPE measure this machine, "
+                         "or fit it from past runs with `forge plan --calibrate --runs OUTPUT`")
     if spec.is_moe:
         notes.append("MoE: experts sharded by ZeRO/TP only; expert parallelism and all-to-all not modelled")
     if ctx.stack is not None and system.chip.status != "local":

@@ -81,7 +81,8 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
                 result.metrics["peak_rss_mb"] = peak_rss_mb()  # this process's, while the stage trained
             tracker.log_summary("final", result.metrics)
             if trains(stage) and p.single_process_main and "step_time_s" in result.metrics:
-                log_measured(tracker, p.planned.model_config, stage, result.steps, result.metrics, stage_dir)
+                log_measured(tracker, p.planned.model_config, stage, result.steps, result.metrics, stage_dir,
+                             p.planned.plans.get(stage.name))
                 if stage.name in p.planned.plans and "train_seconds" in result.metrics:  # the chart, with what ran
                     plan = p.planned.plans[stage.name]
                     log_plan_chart(tracker, plan, p.planned.comparison.get(stage.name, []),

@@ -1,0 +1,76 @@
+"""The first line of every `forge` command comes before torch, transformers, MLflow or datasets
+load: each command runs in a subprocess whose stdout and stderr are replaced by a hook that, at
+the first write, reports the text and which heavy libraries `sys.modules` holds, then exits."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from forge_testing import REPO, base_recipe, write_recipe
+
+HEAVY = ("torch", "transformers", "mlflow", "datasets")
+HOOK = f"""
+import json, os, sys
+FD = int(os.environ["FIRST_LINE_FD"])
+class First:
+    def write(self, text):
+        if text.strip():
+            heavy = [m for m in {HEAVY!r} if m in sys.modules]
+            os.write(FD, json.dumps({{"line": text.strip().splitlines()[0], "heavy": heavy}}).encode())
+            os._exit(0)
+        return len(text)
+    def flush(self): pass
+    def isatty(self): return False
+sys.stdout = sys.stderr = First()
+from forge.cli import main
+main(sys.argv[1:])
+os.write(FD, json.dumps({{"line": None, "heavy": []}}).encode())
+"""
+
+
+def first_line(args: list[str], cwd) -> dict:
+    """What the command wrote first, and the heavy libraries loaded by then."""
+    import os
+
+    read, write = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FIRST_LINE_FD": str(write)}
+    proc = subprocess.run([sys.executable, "-c", HOOK, *args], cwd=cwd, pass_fds=(write,), capture_output=True,
+                          text=True, timeout=300, env=env)
+    os.close(write)
+    with os.fdopen(read) as f:
+        report = f.read()
+    assert report, proc.stderr[-2000:]
+    return json.loads(report)
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("first")
+    return write_recipe(tmp / "r.yaml", base_recipe(tmp))
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "{recipe}"],
+    ["validate", "{recipe}"],
+    ["plan", "{recipe}"],
+    ["eval", "{recipe}"],
+    ["export", "{tmp}/novella", "--out", "{tmp}/exported"],
+    ["deploy", "{tmp}/exported", "--s3-uri", "s3://bucket/x", "--role-arn", "arn:aws:iam::1:role/r", "--dry-run"],
+    ["ui", "--output", "{tmp}"],
+    ["catalog", "list"],
+])
+def test_the_first_line_comes_before_the_heavy_libraries(command, recipe, tmp_path):
+    args = [a.format(recipe=recipe, tmp=tmp_path) for a in command]
+    got = first_line(args, tmp_path)
+    assert got["line"], f"forge {command[0]} printed nothing"
+    assert got["heavy"] == [], f"forge {command[0]}: {got['heavy']} loaded before its first line {got['line']!r}"
+    if command[0] in ("run", "eval", "export", "deploy", "ui"):  # the commands whose work is slow say what it is
+        assert got["line"].startswith(f"forge {command[0]}"), got["line"]
+
+
+def test_run_says_what_it_runs_first(recipe, tmp_path):
+    line = first_line(["run", str(recipe)], tmp_path)["line"]
+    assert line == f"forge run {recipe}: tiny, 1 stage(s): cpt (pretrain); output {recipe.parent / 'out'}"
