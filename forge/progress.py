@@ -11,6 +11,7 @@ import time
 from typing import Any, Iterable, Iterator, Protocol, TextIO, TypeVar
 
 T = TypeVar("T")
+FIRST_LINE_S = 10.0  # a long count's first line comes after at most this long (then every `seconds`)
 QUIET_S = 2.0  # a counted phase says nothing more than its total in its first seconds: quick work needs no count
 
 
@@ -49,6 +50,7 @@ class LogProgress:
         self._start_n: int | None = None
         self._start_t = time.monotonic()
         self._last_n, self._last_t = 0, self._start_t
+        self._printed = False
 
     def set_postfix(self, **values: Any) -> None:
         self._postfix = {k: str(v) for k, v in values.items()}
@@ -62,13 +64,14 @@ class LogProgress:
             return
         self.n += n
         now = time.monotonic()
-        if self.n - self._last_n >= self.every or now - self._last_t >= self.seconds or self.n == self.total:
+        wait = self.seconds if self._printed else min(self.seconds, FIRST_LINE_S)  # the first ETA soon
+        if self.n - self._last_n >= self.every or now - self._last_t >= wait or self.n == self.total:
             self._print(now)
 
     def _print(self, now: float) -> None:
         if now - self._created < self.after:
             return
-        self._last_n, self._last_t = self.n, now
+        self._last_n, self._last_t, self._printed = self.n, now, True
         parts = [f"{self.desc}: {self.unit} {self.n}/{self.total} ({self.n / max(1, self.total):.0%})"]
         parts += [f"{k.replace('tok_s', 'tok/s')} {v}" for k, v in self._postfix.items()]
         done = self.n - (self._start_n or 0)

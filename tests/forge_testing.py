@@ -128,6 +128,14 @@ def run_stage(stage, checkpoint, sources, out, tracker=None, resume=False, outpu
     return KINDS[stage.kind].runner()(stage, inputs)
 
 
+def refusal(err: str) -> str:
+    """A command's refusal as it printed it: the last stderr line, after at most the progress lines
+    of what it had begun (its first line, the phases it had started); those hold no error."""
+    lines = err.strip().splitlines()
+    assert lines and not any(line.startswith(("forge: error", "forge: unexpected")) for line in lines[:-1]), err
+    return lines[-1] + "\n"
+
+
 def write_recipe(path: Path, recipe: dict) -> Path:
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path

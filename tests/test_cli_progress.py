@@ -63,3 +63,16 @@ def test_a_phase_says_what_it_does_first_and_that_it_still_does_at_doubling_inte
     with progress.phase("quiet", enabled=False):
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_count_says_its_first_eta_soon_then_keeps_its_cadence(monkeypatch):
+    import io
+
+    monkeypatch.setattr(progress, "FIRST_LINE_S", 0.0)  # "soon" is 10 s; here: at once
+    out = io.StringIO()
+    bar = progress.LogProgress(100, "cpt", every=50, seconds=3600, stream=out)
+    bar.update(0)
+    for _ in range(100):
+        bar.update(1)
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == [
+        "cpt: step 1/100 (1%)", "cpt: step 51/100 (51%)", "cpt: step 100/100 (100%)"]

@@ -10,7 +10,7 @@ import torch
 
 from forge import cli
 from forge.train.checkpoint import latest_checkpoint
-from forge_testing import base_recipe, pretrain_stage, write_recipe
+from forge_testing import base_recipe, pretrain_stage, refusal, write_recipe
 
 
 def _recipe(tmp_path, **stage):
@@ -114,7 +114,7 @@ def test_ui_port_out_of_range_is_one_line(tmp_path, capsys, port):
     MlflowTracker(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}", "tiny")
     capsys.readouterr()
     assert cli.main(["ui", "--output", str(tmp_path / "out"), "--port", port]) == 2
-    err = capsys.readouterr().err
+    err = refusal(capsys.readouterr().err)  # after the command's first line
     assert err.startswith(f"forge: error: --port {port}: expected a port number from 1 to 65535")
     assert len(err.strip().splitlines()) == 1
 
@@ -125,7 +125,7 @@ def test_tracking_uri_that_is_a_text_file_is_one_line(tmp_path, capsys, form):
     text.write_text("just some notes\n" * 50)
     path = _recipe(tmp_path, max_steps=2)
     assert cli.main(["run", str(path), f"tracking.uri={form.format(text)}"]) == 2
-    err = capsys.readouterr().err
+    err = refusal(capsys.readouterr().err)  # after the run's progress lines
     assert str(text) in err and ("is a file, not an MLflow store" in err or "not an MLflow database" in err)
     assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert text.read_text() == "just some notes\n" * 50
@@ -136,6 +136,6 @@ def test_ui_on_a_text_file_store_is_one_line(tmp_path, capsys, form):
     text = tmp_path / "notes.txt"
     text.write_text("just some notes\n" * 50)
     assert cli.main(["ui", "--tracking-uri", form.format(text), "--port", "5999"]) == 2
-    err = capsys.readouterr().err
+    err = refusal(capsys.readouterr().err)  # after the command's first line
     assert str(text) in err and ("is a file, not an MLflow store" in err or "not an SQLite database" in err)
     assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

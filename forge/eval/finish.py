@@ -120,6 +120,7 @@ def finish_novella(recipe: Any, run: NovellaRun, tracker: Tracker, log: Callable
         value = ev.comparison.metrics[NOVELLA].get(ev.primary)
         if value is None:
             value = lineage.metrics.get(ev.primary)
+        log(f"registering the Novella as {recipe.name} in MLflow's model registry (alias {recipe.tracking.alias})")
         version, ev.decision = register(tracker, run.novella, recipe.name, recipe.tracking.alias,
                                         registry_tags(recipe, run, ev), Standing(ev.primary, value, ev.passed))
         taken = "took" if ev.decision.promote else "did not take"

@@ -16,6 +16,7 @@ from forge.data.chat_render import ChatRenderer
 from forge.data.formats import FormatSpec, resolve_chat_template
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
+from forge.progress import counted
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -63,7 +64,7 @@ def greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, devi
     model.eval()
     out: list[str] = []
     try:
-        for i in range(0, len(prompts), batch_size):
+        for i in counted(range(0, len(prompts), batch_size), -(-len(prompts) // batch_size), "eval: answers", "batch"):
             chunk = prompts[i:i + batch_size]
             width = max(map(len, chunk))
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)

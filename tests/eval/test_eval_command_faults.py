@@ -22,7 +22,8 @@ def test_eval_on_a_folder_held_by_a_run_is_refused_with_its_pid(tmp_path, capsys
         before = _listing(tmp_path / "out")
         assert cli.main(["eval", str(path)]) == 2
         assert _listing(tmp_path / "out") == before  # no data cache, no base written
-    err = capsys.readouterr().err
+    first, err = capsys.readouterr().err.split("\n", 1)  # the command's first line, then the refusal
+    assert first.startswith(f"forge eval {path}")
     assert f"pid {proc.pid}" in err and "forge run" in err and len(err.strip().splitlines()) == 1
 
 

@@ -16,6 +16,7 @@ import torch
 
 from export_fixtures import save_tiny
 from forge import cli
+from forge_testing import refusal
 from test_export_paths import snapshot
 
 
@@ -28,6 +29,7 @@ def _cli(*argv: str) -> tuple[int, str]:
 
 def _one_line_refusal(code: int, err: str, *says: str) -> None:
     assert code == 2, err
+    err = refusal(err)  # after the command's first line
     assert err.startswith("forge: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err and "unexpected error" not in err and "--resume" not in err, err
     for text in says:
@@ -94,7 +96,7 @@ def test_a_pickle_named_safetensors_is_named_by_export_and_eval(tiny_checkpoint,
     torch.save(state, src / "model.safetensors")
     code, err = _cli("export", str(src), "--out", str(tmp_path / "e"))
     _one_line_refusal(code, err, "model.safetensors", "not a safetensors file")
-    from forge_testing import write_recipe
+    from forge_testing import refusal, write_recipe
 
     suite = write_recipe(tmp_path / "suite.yaml", {
         "data": {"general": {"generate": {"kind": "stories", "documents": 20}}},

@@ -16,7 +16,7 @@ import pytest
 
 from export_fixtures import save_tiny
 from forge import cli
-from forge_testing import REPO
+from forge_testing import REPO, refusal
 
 
 def snapshot(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple]:
@@ -58,6 +58,7 @@ def refused(model: Path, out: str | Path, root: Path, *flags: str, says: str) ->
     before = snapshot(root)
     code, err = export(str(model), "--out", str(out), *flags)
     assert code == 2, err
+    err = refusal(err)  # after the command's first line
     assert err.startswith("forge: error: ") and err.count("\n") == 1, err
     assert says in err, err
     assert "Traceback" not in err and "--resume" not in err and "unexpected error" not in err
