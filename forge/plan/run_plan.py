@@ -17,7 +17,9 @@ def run_plans(recipe, recipe_path: str, log: Callable[[str], None], measure: boo
     `log` says when this machine is being measured (a few seconds a stage, once: it is cached)."""
     cat = recipe_catalog(recipe)
     rate = local_rate(recipe, cat, measure, log)
-    local = plan_recipe(recipe, target="local", catalog=cat, local=rate)
+    # here it runs as one process: steps of one process's batch, whatever chips the recipe's target has
+    alone = recipe.model_copy(update={"compute": recipe.compute.model_copy(update={"target": "local", "chips": None})})
+    local = plan_recipe(alone, catalog=cat, local=rate)
     own = plan_recipe(recipe, catalog=cat, local=rate)
     lines = [f"plan: {line}" for line in stage_lines(local, own, rate.tag)]
     lines.append(f"  local rate {rate.text}; the full table: forge plan {recipe_path}")
