@@ -123,7 +123,10 @@ def measured(model_config: dict, shapes: dict, out: Path | None, log: Callable[[
                                         f"measured here ({entry['timed_steps']} step(s) at this shape, "
                                         f"{entry['measured']})")
     if fresh and path is not None:
-        _write_cache(path, cache)
+        try:
+            _write_cache(path, cache)
+        except OSError:  # an output folder that cannot be written (yet): measured again next time
+            path = None
     if not rate.overlays:
         return LocalRate(text="uncalibrated" + (f" ({'; '.join(skipped)})" if skipped else ""))
     where = f", cached in {path}" if path is not None else ""
