@@ -32,8 +32,8 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "foundation-tiny.yaml
 # phase -> (the recipe stage whose output it is, its point on the ladder)
 PHASES = {"pretrained": ("constant-lr", "pretrained"), "ramped-down": ("ramp-down", "mid-trained"),
           "mid-trained": ("context-extension", "mid-trained"), "post-trained": ("preference", "post-trained")}
-PURPOSE = {"general": "pretraining", "highquality": "pretraining", "long": "mid-training", "instructions": "sft",
-           "preferences": "preference"}
+PURPOSE = {"general": "pretraining", "highquality": "pretraining", "long": "mid-training", "skills": "mid-training",
+           "instructions": "sft", "preferences": "preference"}
 MEASURE_PER_TASK = 40  # held-out instruction prompts per task scored for measured.json
 SKIP = {"training_state.pt", "forge_state.json", "manifest.json", "lineage.json", "MODEL_CARD.md"}  # not the model's
 

@@ -1,6 +1,7 @@
 """forge-tiny's curated sets as JSONL files (`generate: {kind: harvest_NAME}` in a recipe): general,
-highquality and long text from the harvest (forge.data.harvest) and forge's stories; instructions and
-preferences from forge.data.instructions.
+highquality and long text from the harvest (forge.data.harvest) and forge's stories; skills (the
+instruction tasks as text in the chat format), instructions and preferences from
+forge.data.instructions.
 
 Every record is held out or not by its unit (a module, a story, a task's arguments), the same unit in
 every set; the file puts the held-out records exactly at the record numbers that forge's stable
@@ -17,7 +18,7 @@ from typing import Callable
 from forge.data import harvest
 from forge.data.mixing import in_holdout
 
-SETS = ("general", "highquality", "long", "instructions", "preferences")
+SETS = ("general", "highquality", "long", "skills", "instructions", "preferences")
 HOLDOUT = 0.05          # the sets' held-out fraction (a recipe's data.NAME.holdout must say the same)
 Stories = Callable[[int, int], list[str]]  # (count, seed) -> generated stories
 STORY_SHARE = 8         # general: one generated story per this many records
@@ -37,7 +38,7 @@ def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT, stor
         flagged = harvest.highquality_set(docs, holdout, seed)
     elif name == "long":
         flagged = harvest.long_set(docs, holdout, seed)
-    elif name in ("instructions", "preferences"):
+    elif name in ("skills", "instructions", "preferences"):
         flagged = instructions.generate(name, instructions.pools(docs, holdout), documents, seed, holdout)
     else:
         raise ValueError(f"unknown curated set {name!r}; expected one of {list(SETS)}")

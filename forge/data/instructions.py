@@ -16,6 +16,7 @@ from typing import Callable
 
 from forge.data.harvest import Doc, held_out, sentences
 
+EOS = "</s>"  # the scratch tokenizer's end of turn (forge.scratch), as DEFAULT_CHAT_TEMPLATE renders it
 Record = dict  # a JSONL record: {"messages": [...], "task": ...} or {"prompt", "chosen", "rejected", "task"}
 
 COPY = ["Repeat this phrase: {x}", "Say exactly this: {x}", "Copy the text: {x}", "Echo back: {x}",
@@ -194,9 +195,24 @@ def _draw(task: str, rng: random.Random, p: Pools, side: int) -> tuple[str, str,
     return prompt, answer, answer + " no"
 
 
+def _echo(rng: random.Random, p: Pools, side: int) -> str:
+    """Text to learn copying from (skills only): 8-40 random common words, or 1-3 sentences, said
+    twice. Random words are unpredictable the first time and wholly predictable the second, the
+    signal that forms induction heads within a few hundred steps (Olsson et al. 2022)."""
+    if rng.random() < 0.6 and p.words[side]:
+        passage = " ".join(rng.choice(p.words[side]) for _ in range(rng.randint(8, 40)))
+    else:
+        passage = " ".join(rng.sample(p.sentences[side], min(len(p.sentences[side]), rng.randint(1, 3))))
+    return f"{passage}\n{passage}"
+
+
 def generate(kind: str, p: Pools, count: int, seed: int, holdout: float) -> list[tuple[Record, bool]]:
-    """`count` records of `kind` (instructions | preferences), each with whether it is held out
-    (a `holdout` share of each task, with held-out arguments); tasks in equal shares, round robin."""
+    """`count` records of `kind` (instructions | preferences | skills), each with whether it is held
+    out (a `holdout` share of each task, with held-out arguments); tasks in equal shares, round
+    robin. `skills` is the instructions' kind of record as plain text in forge's chat format, every
+    other record a passage said twice: for pretraining and mid-training stages, which learn the
+    skills' circuits (copying above all) from every token, as mid-training mixes such as OLMo 2's
+    Dolmino carry instruction data."""
     rng = random.Random(f"{kind}:{seed}")
     tasks, out = _usable(p), []
     for i in range(count):
@@ -206,9 +222,15 @@ def generate(kind: str, p: Pools, count: int, seed: int, holdout: float) -> list
         if not prompt:  # no held-out arguments for the task (a small harvest): a training record
             side = 0
             prompt, answer, wrong = _draw(task, rng, p, side)
+        if kind == "skills" and i % 2:  # every other skills record: a passage said twice
+            out.append(({"text": _echo(rng, p, side if p.sentences[side] else 0), "task": "echo"},
+                        bool(side and p.sentences[side])))
+            continue
         if kind == "instructions":
             record = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
                       "task": task}
+        elif kind == "skills":
+            record = {"text": f"<|user|>\n{prompt}{EOS}<|assistant|>\n{answer}", "task": task}
         else:
             record = {"prompt": prompt, "chosen": answer, "rejected": wrong, "task": task}
         out.append((record, bool(side)))

@@ -14,7 +14,7 @@ from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
 
 TINY = ["base.scratch.hidden_size=32", "base.scratch.layers=2", "base.scratch.heads=2", "base.scratch.kv_heads=1",
-        "base.scratch.vocab_size=400", "data.general.generate.documents=1500",
+        "base.scratch.vocab_size=400", "data.general.generate.documents=1500", "data.skills.generate.documents=400",
         "data.instructions.generate.documents=400", "data.preferences.generate.documents=200"]
 for _i in range(4):
     TINY += [f"stages[{_i}].max_tokens=512", f"stages[{_i}].seq_len=64", f"stages[{_i}].batch_size=4",
@@ -53,10 +53,10 @@ def test_four_phases_load_and_generate(built):
     assert manifest["family"] == "forge-tiny" and manifest["recipe"] == "recipe.resolved.yaml"
     assert (home / manifest["recipe"]).is_file() and manifest["built"]
     assert {p: v["point"] for p, v in manifest["phases"].items()} == POINTS
-    assert manifest["phases"]["pretrained"]["curated"] == ["general"]
-    assert manifest["phases"]["mid-trained"]["curated"] == ["general", "highquality", "long"]
-    assert set(manifest["phases"]["post-trained"]["curated"]) == {"general", "highquality", "long", "instructions",
-                                                                 "preferences"}
+    assert manifest["phases"]["pretrained"]["curated"] == ["general", "skills"]
+    assert manifest["phases"]["mid-trained"]["curated"] == ["general", "skills", "highquality", "long"]
+    assert set(manifest["phases"]["post-trained"]["curated"]) == {"general", "highquality", "long", "skills",
+                                                                 "instructions", "preferences"}
     weights = set()
     for phase, entry in manifest["phases"].items():
         folder = home / entry["path"]
@@ -89,22 +89,25 @@ def test_curated_sets_and_held_out_records_never_trained(built):
     manifest = json.loads((home / "foundation.json").read_text())
     purposes = {n: c["purpose"] for n, c in manifest["curated"].items()}
     assert purposes == {"general": "pretraining", "highquality": "pretraining", "long": "mid-training",
-                        "instructions": "sft", "preferences": "preference"}
+                        "skills": "mid-training", "instructions": "sft", "preferences": "preference"}
     assert manifest["curated"]["instructions"]["chat"] == {"kind": "messages"}
     assert manifest["curated"]["general"]["text_field"] == "text" and manifest["curated"]["general"]["chat"] is None
     sets = {n: _rows(home, n, c["holdout"]) for n, c in manifest["curated"].items()}
     assert all(held and train for train, held in sets.values())
     # text: a held-out record of any text set is in no training record of any text set (long ones included)
-    trained_text = [r["text"] for n in ("general", "highquality", "long") for r in sets[n][0]]
+    trained_text = [r["text"] for n in ("general", "highquality", "long", "skills") for r in sets[n][0]]
     for n in ("general", "highquality", "long"):
         for r in sets[n][1]:
             body = r["text"].split("\n", 1)[-1][:200]
             assert not any(body in t for t in trained_text), (n, body[:60])
-    # instructions and preferences: a held-out prompt is never a training prompt of either set
+    # instructions, preferences and skills (the tasks as text): a held-out prompt is never a trained one
     def prompt(r: dict) -> str:
-        return r["messages"][0]["content"] if "messages" in r else r["prompt"]
-    trained_prompts = {prompt(r) for n in ("instructions", "preferences") for r in sets[n][0]}
-    held_prompts = {prompt(r) for n in ("instructions", "preferences") for r in sets[n][1]}
+        if "messages" in r:
+            return r["messages"][0]["content"]
+        return r["prompt"] if "prompt" in r else r["text"].removeprefix("<|user|>\n").partition("</s>")[0]
+    chats = ("instructions", "preferences", "skills")
+    trained_prompts = {prompt(r) for n in chats for r in sets[n][0]}
+    held_prompts = {prompt(r) for n in chats for r in sets[n][1] if r.get("task") != "echo"}
     assert held_prompts and not held_prompts & trained_prompts
 
 
