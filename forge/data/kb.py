@@ -4,7 +4,7 @@ region, policies and support answers; written as paraphrase-augmented documents 
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
 a training phrasing and once in a held-out one (forge/data/kb_phrasings.yaml holds the phrasings).
 
-Recipes read it through `generate: {kind: kb_docs | kb_qa | kb_eval, documents: N, seed: S}`.
+Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_qa | kb_eval, documents: N, seed: S}`.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-KINDS = ("kb_docs", "kb_qa", "kb_eval")
+KINDS = ("kb_docs", "kb_faq", "kb_qa", "kb_eval")
 SLOT = re.compile(r"\{(\w+)\}")
+AN = re.compile(r"\b([Aa]) (?=[AEIOU])")
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "pl", "sk"]
 _VOWELS = ["a", "e", "i", "o", "u"]
@@ -49,7 +50,7 @@ class Fact:
 
     def fill(self, template: str, value: bool = True) -> str:
         slots = dict(self.slots, **({"v": self.value} if value else {}))
-        return SLOT.sub(lambda m: slots[m.group(1)], template)
+        return AN.sub(r"\1n ", SLOT.sub(lambda m: slots[m.group(1)], template))  # "an Enterprise account"
 
 
 @dataclass
@@ -57,7 +58,7 @@ class KnowledgeBase:
     seed: int
     company: str
     facts: list[Fact]
-    intros: dict[str, str]               # entity -> its documents' first sentence
+    intros: dict[str, str]               # entity -> its documents' first sentence (products have none)
     products: list[str] = field(default_factory=list)
     look_alikes: list[tuple[str, ...]] = field(default_factory=list)  # products whose names differ by a suffix
 
@@ -105,25 +106,25 @@ def build(seed: int = 0, families: int = 8) -> KnowledgeBase:
         code = rng.choice(_LETTERS) + str(rng.randint(2, 9))
         names = [f"{fam} {code}", f"{fam} {code} Pro", f"{fam} {code}0"]
         alikes.append(tuple(names))
-        prices = rng.sample(range(600, 4000, 200), 3)
-        weights, years = rng.sample(range(400, 9000, 50), 3), rng.sample(range(2009, 2025), 3)
-        hours, warranties = rng.sample(range(4, 40), 3), rng.sample(range(1, 8), 3)
+        prices = rng.sample(range(600, 4000, 100), 3)
+        weights, years = rng.sample(range(400, 9000, 100), 3), rng.sample(range(2009, 2025), 3)
+        hours, warranties = rng.sample(range(4, 40), 3), rng.sample(range(2, 9), 3)
         for i, p in enumerate(names):
             products.append(p)
-            intros[p] = f"The {p} is part of the {fam} line from {company}."
             add("price", p, f"{prices[i]} euros", p=p)
             add("weight", p, f"{weights[i]} grams", p=p)
-            add("warranty", p, f"{warranties[i]} years" if warranties[i] > 1 else "1 year", p=p)
+            add("warranty", p, f"{warranties[i]} years", p=p)
             add("battery", p, f"{hours[i]} hours", p=p)
             add("factory", p, rng.choice(cities), p=p)
             add("launched", p, str(years[i]), p=p)
             combos = rng.sample([(t, r) for t in TIERS for r in [home, *regions] if (t, r) != ("Standard", home)], 2)
             for tier, region in combos:
                 surcharge = 0 if region == home else SURCHARGES[regions.index(region)]
-                value = prices[i] * (100 + surcharge) * (100 - DISCOUNTS.get(tier, 0)) // 10_000
-                add("price_for", p, f"{value} euros", p=p, tier=tier, region=region)
+                add("price_for", p, f"{tier_price(prices[i], surcharge, DISCOUNTS.get(tier, 0))} euros",
+                    p=p, tier=tier, region=region)
     intros["pricing"] = (f"{company} prices depend on the customer's tier and region. List prices apply to "
-                         f"Standard customers in the {home} region.")
+                         f"Standard customers in the {home} region; a price is the list price plus the region's "
+                         "surcharge, less the tier's discount, rounded to the nearest 10 euros.")
     for tier, pct in DISCOUNTS.items():
         add("discount", "pricing", f"{pct} percent", tier=tier)
     for region, pct in zip(regions, SURCHARGES):
@@ -132,8 +133,8 @@ def build(seed: int = 0, families: int = 8) -> KnowledgeBase:
     for tier, days, hours in zip(TIERS, rng.sample(range(14, 91, 7), 3), rng.sample([4, 8, 12, 24, 48, 72], 3)):
         add("returns", "service", f"{days} days", tier=tier)
         add("response", "service", f"{hours} hours", tier=tier)
-    for region, days in zip([home, *regions], rng.sample(range(1, 15), 1 + len(regions))):
-        add("shipping", "service", f"{days} days" if days > 1 else "1 day", region=region)
+    for region, days in zip([home, *regions], rng.sample(range(2, 15), 1 + len(regions))):
+        add("shipping", "service", f"{days} days", region=region)
     codes = _error_codes(rng, 20)
     meanings = [f"{f} {p}" for f, p in zip(rng.sample(_FAULTS, 20), rng.sample(_PARTS, 20))]
     for i, (code, meaning) in enumerate(zip(codes, meanings)):
@@ -141,6 +142,12 @@ def build(seed: int = 0, families: int = 8) -> KnowledgeBase:
         intros[entity] = f"{company} support: what the error codes on the display mean."
         add("error", entity, meaning, code=code)
     return KnowledgeBase(seed, company, facts, intros, products, alikes)
+
+
+def tier_price(price: int, surcharge: int, discount: int) -> int:
+    """The list price plus the region's surcharge, less the tier's discount (percentages), rounded to
+    the nearest 10 euros (what the pricing page states)."""
+    return (price * (100 + surcharge) * (100 - discount) + 50_000) // 100_000 * 10
 
 
 def _error_codes(rng: random.Random, n: int) -> list[str]:
@@ -160,11 +167,11 @@ def entities(kb: KnowledgeBase) -> list[str]:
 
 
 def document(kb: KnowledgeBase, entity: str, rng: random.Random) -> str:
-    """One page about `entity`: its introduction, then each of its facts in a randomly chosen
+    """One page about `entity`: its introduction if it has one, then each of its facts in a randomly chosen
     phrasing, in a random order (paraphrase and permutation augmentation)."""
     sentences = [f.fill(rng.choice(phrasings()[f.attribute]["state"])) for f in kb.facts if f.entity == entity]
     rng.shuffle(sentences)
-    return " ".join([kb.intros[entity], *sentences])
+    return " ".join([*([kb.intros[entity]] if entity in kb.intros else []), *sentences])
 
 
 def documents(kb: KnowledgeBase, n: int) -> list[str]:
@@ -177,18 +184,54 @@ def chat(question: str, answer: str) -> dict:
     return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
 
 
+# what a customer wraps a training question in (held-out questions use other wrappers: kb_phrasings.yaml)
+WRAPPERS = ("{q}", "Hi! {q}", "Quick question: {q}", "{q} Thanks.", "Good morning. {q}", "Please answer briefly: {q}",
+            "{q} I need this for an order.")
+
+
+def _question(f: Fact, i: int, rounds: int) -> str:
+    """Fact i's training question in round `rounds`: its phrasings cycle, and from the second round
+    on it sits inside one of the WRAPPERS."""
+    asks = phrasings()[f.attribute]["ask"]
+    question = f.fill(asks[(i + rounds) % len(asks)], value=False)
+    return (WRAPPERS[(i + rounds) % len(WRAPPERS)] if rounds else "{q}").replace("{q}", question)
+
+
 def qa_records(kb: KnowledgeBase, n: int) -> list[dict]:
     """`n` SFT chat records: every fact in its first training phrasing, then every fact in its
-    second, and so on (a fact's phrasings cycle), so any n >= the fact count covers every fact."""
-    out, facts, rounds = [], kb.facts, 0
+    second, and so on (_question), so any n >= the fact count covers every fact as the eval set's
+    train split asks it."""
+    out, rounds = [], 0
     while len(out) < n:
-        for i, f in enumerate(facts):
-            asks = phrasings()[f.attribute]["ask"]
-            out.append(chat(f.fill(asks[(i + rounds) % len(asks)], value=False), f.value))
+        for i, f in enumerate(kb.facts):
+            out.append(chat(_question(f, i, rounds), f.value))
             if len(out) == n:
                 break
         rounds += 1
     return out
+
+
+def faq_pages(kb: KnowledgeBase, n: int) -> list[str]:
+    """`n` question-and-answer pages in plain text (Q: ... A: ...), the entities in turn: each page
+    asks every fact of its entity once, in the training phrasings (the same questions as the SFT
+    records, in the same order of rounds), so the catalogue's FAQ is training text too."""
+    names, by_entity = entities(kb), {}
+    for i, f in enumerate(kb.facts):
+        by_entity.setdefault(f.entity, []).append((i, f))
+    pages = []
+    for k in range(n):
+        entity, rounds = names[k % len(names)], k // len(names)
+        lines = [f"Questions and answers: {_title(kb, entity)}."]
+        for i, f in by_entity[entity]:
+            lines += [f"Q: {_question(f, i, rounds)}", f"A: {f.value}."]
+        pages.append("\n".join(lines))
+    return pages
+
+
+def _title(kb: KnowledgeBase, entity: str) -> str:
+    if entity in kb.products:
+        return f"the {entity}"
+    return f"{kb.company} " + {"pricing": "prices", "service": "service terms"}.get(entity, "error codes")
 
 
 def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
@@ -206,12 +249,14 @@ def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
 
 
 def training_texts(kb: KnowledgeBase, docs: int, qa: int) -> list[str]:
-    """Every text a model trained on this knowledge base sees from it (documents, SFT turns)."""
-    return [*documents(kb, docs), *(m["content"] for r in qa_records(kb, qa) for m in r["messages"])]
+    """Every text a model trained on this knowledge base sees from it: `docs` documents and as many
+    FAQ pages, the turns of `qa` SFT records."""
+    return [*documents(kb, docs), *faq_pages(kb, docs),
+            *(m["content"] for r in qa_records(kb, qa) for m in r["messages"])]
 
 
 def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
-    """Write `kind` (kb_docs: {text} pages; kb_qa: {messages} chat records; kb_eval: {question,
+    """Write `kind` (kb_docs: {text} pages; kb_faq: {text} question-and-answer pages; kb_qa: {messages} chat records; kb_eval: {question,
     answer, split, ...} for the first `documents_` facts) of the seed's knowledge base as JSONL,
     atomically; reused if already written."""
     if kind not in KINDS:
@@ -222,6 +267,8 @@ def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
     kb = build(seed)
     if kind == "kb_docs":
         rows: list[dict] = [{"text": t} for t in documents(kb, documents_)]
+    elif kind == "kb_faq":
+        rows = [{"text": t} for t in faq_pages(kb, documents_)]
     elif kind == "kb_qa":
         rows = qa_records(kb, documents_)
     else:

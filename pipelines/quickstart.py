@@ -1,0 +1,104 @@
+"""The quickstart pipeline: the Novella pipeline (stages, evaluation against the starting
+checkpoint, gates, registration: pipelines/novella.py), then the Novella exported for Amazon
+Bedrock Custom Model Import, and the start-versus-Novella headline (fact recall on held-out and on
+training phrasings, general perplexity, instruction following) printed and logged on the run.
+
+    forge run recipes/quickstart.yaml
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from forge.eval.suite import NOVELLA, START, resolve_suite
+from forge.recipe import Recipe
+from forge.track.names import summary_value
+from forge.track.protocol import Tracker
+from forge.train.accel import process_state
+from pipelines import novella
+
+# (what the line says, the suite's metric; {general} is the first general source)
+HEADLINE = (("fact recall, held-out phrasings", "fact_recall.heldout.exact"),
+            ("fact recall, training phrasings", "fact_recall.train.exact"),
+            ("general perplexity ({general})", "ppl.{general}"),
+            ("general perplexity rise vs start", "retention.{general}"),
+            ("instruction following (held-out)", "instruct.accuracy"))
+SECTION = "quickstart"  # the parent run's summary section: quickstart.<start|novella>.<metric>
+
+
+def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
+        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> novella.PipelineResult:
+    """The Novella pipeline, then (rank 0) the Bedrock export and the headline."""
+    started = time.perf_counter()
+    result = novella.run(recipe, tracker, plans, comparison, log=log, resume=resume, folder=folder)
+    if not process_state().is_main_process or result.evaluation is None:
+        return result
+    out = Path(recipe.output)  # the export sits beside the run folder (forge export refuses one inside it)
+    export = export_bedrock(result.novella, out.with_name(f"{out.name}-bedrock"), recipe.tracking_uri, log)
+    lines = headline(recipe, result.evaluation.comparison.metrics)
+    seconds = time.perf_counter() - started
+    for text in headline_lines(lines, seconds, export):
+        log(text)
+    if result.run_id:
+        values = {f"{label}.{x.metric}": v for x in lines for label, v in ((START, x.start), (NOVELLA, x.novella))
+                  if v is not None}
+        tracker.log_summary(SECTION, {**values, "seconds": round(seconds, 1), "export": str(export)},
+                            run_id=result.run_id)
+    return result
+
+
+def export_bedrock(novella_dir: Path, out: Path, tracking_uri: str, log: Callable[[str], None]) -> Path:
+    """The Novella in Bedrock Custom Model Import's layout at `out` (an earlier export there is
+    replaced), recorded on the Novella's MLflow run by forge.export."""
+    from forge.export.layout import ExportOptions, export
+    from forge.export.source import resolve
+
+    with tempfile.TemporaryDirectory(prefix="forge-export-") as work:
+        src = resolve(str(novella_dir), tracking_uri, Path(work))
+        export(src, out, ExportOptions(format="bedrock", overwrite=True), log=log)
+    return out
+
+
+@dataclass
+class Line:
+    text: str
+    metric: str
+    start: float | None
+    novella: float | None
+
+
+def headline(recipe: Recipe, metrics: dict[str, dict[str, float]]) -> list[Line]:
+    """Start versus Novella on each headline metric the suite measured."""
+    suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
+    general = (suite.general or ["general"])[0]
+    out = []
+    for text, metric in HEADLINE:
+        name = metric.format(general=general)
+        start, end = metrics.get(START, {}).get(name), metrics.get(NOVELLA, {}).get(name)
+        if start is not None or end is not None:
+            out.append(Line(text.format(general=general), name, start, end))
+    return out
+
+
+def show(metric: str, value: float | None) -> str:
+    """A figure for a person: a rate as a percentage, a rise as a signed one, a perplexity as it is."""
+    if value is None:
+        return "-"
+    if metric.startswith("ppl."):
+        return f"{value:.2f}"
+    return f"{100 * value:+.1f}%" if metric.startswith("retention.") else f"{100 * value:.1f}%"
+
+
+def headline_lines(lines: list[Line], seconds: float, export: Path) -> list[str]:
+    """The printed summary: one line per metric, start -> Novella, then the same figures as MLflow
+    holds them (params `quickstart.start.<metric>` and `quickstart.novella.<metric>` of the run)."""
+    width = max([len(x.text) for x in lines] or [0])
+    out = [f"quickstart: start -> Novella ({seconds:.0f} s in all; Bedrock export: {export})"]
+    for x in lines:
+        shown = f"{show(x.metric, x.start)} -> {show(x.metric, x.novella)}"
+        exact = " -> ".join(summary_value(v) if v is not None else "-" for v in (x.start, x.novella))
+        out.append(f"  {x.text.ljust(width)}  {shown.ljust(17)}  ({x.metric}: {exact})")
+    return out
