@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+from dataclasses import dataclass
 
 import torch
 
@@ -92,11 +93,21 @@ def scores(texts: list[str], answers: list[str]) -> tuple[float, float]:
     return exact / len(answers), contains / len(answers)
 
 
+@dataclass(frozen=True)
+class Asking:
+    """How fact recall asks: `prompt` places the question (with `chat`, the user turn's text);
+    `separator` starts a plain prompt; `name` prefixes the metrics."""
+
+    prompt: str = "{question}\n"
+    separator: str = "eos"
+    chat: bool = False
+    name: str = "fact_recall"
+
+
 def fact_recall(model, tokenizer, pairs: list[tuple[str, str]], max_new_tokens: int, device,
-                prompt: str = "{question}\n", separator: str = "eos", chat: bool = False,
-                name: str = "fact_recall") -> dict[str, float]:
-    """`<name>.exact` and `<name>.contains` over (question, answer) pairs; `prompt` places the
-    question (with `chat`, the user turn's text)."""
+                asking: Asking = Asking()) -> dict[str, float]:
+    """`<name>.exact` and `<name>.contains` over (question, answer) pairs, asked as `asking` says."""
+    prompt, separator, chat, name = asking.prompt, asking.separator, asking.chat, asking.name
     if not pairs:
         raise ForgeError(f"{name}: no question/answer pairs to score")
     p = Prompter(tokenizer, chat, separator)

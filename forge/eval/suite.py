@@ -261,8 +261,8 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
             if qa is not None and fits(label, "fact_recall"):
                 fr = suite.fact_recall
                 for name, pairs in qa.items():
-                    m.update(recall.fact_recall(model, tok, pairs, fr.max_new_tokens, device, fr.prompt,
-                                                suite.separator, fr.chat, name))
+                    m.update(recall.fact_recall(model, tok, pairs, fr.max_new_tokens, device,
+                                                recall.Asking(fr.prompt, suite.separator, fr.chat, name)))
             if instruct is not None and fits(label, "instruct"):
                 ins = suite.instruct
                 m.update(recall.instruction_following(model, tok, instruct, ins.max_new_tokens, device, ins.chat,
