@@ -219,9 +219,9 @@ def _take(folder: Path, home: Path) -> Path:
 
 
 def _measured() -> str:
-    """The recipe's own note of its measured build time (its second line)."""
-    lines = RECIPE.read_text().splitlines()[:2] if RECIPE.is_file() else []
-    return lines[1].lstrip("# ").strip() if len(lines) == 2 else "up to 15 minutes on 2 CPU cores"
+    """The recipe's own note of its measured build time (its second and third lines)."""
+    lines = RECIPE.read_text().splitlines()[1:3] if RECIPE.is_file() else []
+    return " ".join(x.lstrip("# ").strip() for x in lines) if lines else "up to 15 minutes on 2 CPU cores"
 
 
 @contextlib.contextmanager

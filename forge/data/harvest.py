@@ -219,9 +219,14 @@ def _parse_all(jobs: list[tuple[str, str]], workers: int) -> Iterator[list[Doc]]
         yield from map(_parse_job, jobs)
         return
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        yield from pool.map(_parse_job, jobs, chunksize=64)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            found = list(pool.map(_parse_job, jobs, chunksize=64))
+    except (BrokenProcessPool, OSError):  # a worker died or none could start: parse here instead
+        found = list(map(_parse_job, jobs))
+    yield from found
 
 
 def topic_docs(stdlib: Path) -> list[Doc]:
