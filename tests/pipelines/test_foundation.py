@@ -143,3 +143,30 @@ def test_only_the_family_recipe_as_it_is_installs_in_the_catalog(tmp_path):
 
     assert foundation._is_family_recipe(load_recipe(foundation.RECIPE, [f"output={tmp_path}"]))
     assert not foundation._is_family_recipe(load_recipe(foundation.RECIPE, ["stages[0].max_tokens=512"]))
+
+
+def test_a_second_builder_waits_for_the_first_and_reuses_its_family(tmp_path):
+    """While another process holds the build lock, build() waits; when that process has put a
+    family in place, build() finds it and builds nothing."""
+    import subprocess
+    import sys
+
+    from pipelines import foundation
+
+    home = tmp_path / "foundations" / "forge-tiny"
+    home.parent.mkdir(parents=True)
+    holder = (f"import sys, time; from pathlib import Path; from pipelines.foundation import _lock\n"
+              f"home = Path({str(home)!r})\n"
+              f"with _lock(home.parent / '.forge-tiny.lock', print):\n"
+              f"    print('held', flush=True); time.sleep(1.5); home.mkdir()\n"
+              f"    (home / 'foundation.json').write_text('{{}}')\n")
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(foundation.__file__).parents[1])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        lines: list[str] = []
+        foundation.build(home, lines.append)
+    finally:
+        proc.wait(timeout=30)
+    assert len(lines) == 1 and "another process is building forge-tiny; waiting" in lines[0]
+    assert (home / "foundation.json").read_text() == "{}" and not (home.parent / ".forge-tiny.build").exists()
