@@ -316,6 +316,8 @@ def resolve_paths(raw: dict, root: Path) -> dict:
     """Paths in a recipe are relative to the recipe file (so recipes run from any directory)."""
 
     def fix(p: str) -> str:
+        if "\0" in p:  # no file system takes one; the OS call would raise a bare ValueError
+            raise ForgeError(f"{root}: a path in the recipe holds a NUL byte (\\0): {p!r}")
         if "://" in p or os.path.isabs(p):
             return p
         return str((root / os.path.expanduser(p)).resolve()) if not p.startswith("~") else os.path.expanduser(p)
