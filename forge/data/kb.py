@@ -4,7 +4,7 @@ region, policies and support answers; written as paraphrase-augmented documents 
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
 a training phrasing and once in a held-out one (forge/data/kb_phrasings.yaml holds the phrasings).
 
-Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_qa | kb_eval, documents: N, seed: S}`.
+Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_chat | kb_qa | kb_eval, documents: N, seed: S}`.
 """
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ import json
 import os
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-KINDS = ("kb_docs", "kb_faq", "kb_qa", "kb_eval")
+KINDS = ("kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval")
+# forge's default chat template (forge.data.chat_render) with the special tokens of forge's tokenizers:
+# how kb_chat writes a QA record as text, as SFT renders it for a model without a template of its own
+TRANSCRIPT = "<s><|user|>\n{q}</s><|assistant|>\n{a}</s>"
 SLOT = re.compile(r"\{(\w+)\}")
 AN = re.compile(r"\b([Aa]) (?=[AEIOU])")
 
@@ -236,16 +240,26 @@ def _title(kb: KnowledgeBase, entity: str) -> str:
 
 def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
     """Each of the first `n` facts (all by default) asked twice: in a training phrasing (split
-    `train`, one the SFT records also use) and in a held-out one (split `heldout`, never in training
-    text). Records hold question, answer, split, fact, attribute and template."""
-    out = []
+    `train`, the one the SFT records ask it in first) and in a held-out one (split `heldout`, never
+    in training text; an attribute's facts take its held-out templates in turn). Records hold
+    question, answer, split, fact, attribute and template."""
+    out, seen = [], Counter()
     for i, f in enumerate(kb.facts[:n]):
-        p = phrasings()[f.attribute]
+        p, k = phrasings()[f.attribute], seen[f.attribute]  # the k-th fact of its attribute
+        seen[f.attribute] += 1
         for split, templates in (("train", p["ask"]), ("heldout", p["heldout"])):
-            t = i % len(templates)
+            t = (i if split == "train" else k) % len(templates)  # train: the SFT records' first phrasing
             out.append({"question": f.fill(templates[t], value=False), "answer": f.value, "split": split,
                         "fact": f.id, "attribute": f.attribute, "template": f"{f.attribute}.{split}.{t}"})
     return out
+
+
+def transcript(record: dict) -> str:
+    """A QA chat record as text for continued pretraining (mixed training: Allen-Zhu & Li, Physics of
+    Language Models 3.1), rendered as forge's default chat template renders it (TRANSCRIPT), so the
+    questions are learned in the form the model is asked them."""
+    user, assistant = (m["content"] for m in record["messages"])
+    return TRANSCRIPT.replace("{q}", user).replace("{a}", assistant)
 
 
 def training_texts(kb: KnowledgeBase, docs: int, qa: int) -> list[str]:
@@ -256,7 +270,8 @@ def training_texts(kb: KnowledgeBase, docs: int, qa: int) -> list[str]:
 
 
 def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
-    """Write `kind` (kb_docs: {text} pages; kb_faq: {text} question-and-answer pages; kb_qa: {messages} chat records; kb_eval: {question,
+    """Write `kind` (kb_docs: {text} pages; kb_faq: {text} question-and-answer pages; kb_chat: {text}
+    QA transcripts in the chat format; kb_qa: {messages} chat records; kb_eval: {question,
     answer, split, ...} for the first `documents_` facts) of the seed's knowledge base as JSONL,
     atomically; reused if already written."""
     if kind not in KINDS:
@@ -269,6 +284,8 @@ def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
         rows: list[dict] = [{"text": t} for t in documents(kb, documents_)]
     elif kind == "kb_faq":
         rows = [{"text": t} for t in faq_pages(kb, documents_)]
+    elif kind == "kb_chat":
+        rows = [{"text": transcript(r)} for r in qa_records(kb, documents_)]
     elif kind == "kb_qa":
         rows = qa_records(kb, documents_)
     else:

@@ -21,7 +21,7 @@ class Strict(BaseModel):
 class GeneratedText(Strict):
     """Text that forge writes itself (so the quickstart needs no downloads)."""
 
-    kind: Literal["stories", "facts", "kb_docs", "kb_qa", "kb_eval", "harvest_general", "harvest_highquality",
+    kind: Literal["stories", "facts", "kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval", "harvest_general", "harvest_highquality",
                   "harvest_long", "harvest_skills", "harvest_instructions", "harvest_preferences"] = Field(
         description="kb_*: forge.data.kb's knowledge base (documents, SFT chat records, eval questions); "
                     "harvest_*: forge-tiny's curated sets (forge.data.curated)")

@@ -225,6 +225,8 @@ def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str
             if cfg.chat is not None and cfg.source is None:  # a curated chat set replays as text
                 problems.append(f"{at}: data.{src} holds chat records (chat: ...), "
                                 f"which a {stage.kind} stage does not read; give it plain text")
+        elif cfg.chat is None and getattr(stage, "replays_text", False) and _has_chat(recipe, stage):
+            continue  # plain text beside chat records: replayed as language modelling (forge.stages.replay)
         elif cfg.chat is None:
             problems.append(f"{at}: data.{src} holds plain text, which a {stage.kind} stage cannot read; give "
                             f"data.{src} a chat: mapping (kind: messages | instruction | prompt_completion | "
@@ -236,6 +238,10 @@ def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str
             problems.append(f"{at}: data.{src} has hygiene on, which rewrites records as plain text; chat records "
                             f"are not cleaned yet: set data.{src}.hygiene: false")
     return problems
+
+
+def _has_chat(recipe: "Recipe", stage: StageSettings) -> bool:
+    return any(recipe.data[n].chat is not None for n in stage.sources if n in recipe.data)
 
 
 def context_problems(stages: list, context: int | None, origin: str) -> list[str]:

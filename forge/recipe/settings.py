@@ -304,10 +304,13 @@ class PostTrainSettings(TrainSettings):
 
 class SftStage(PostTrainSettings):
     """Supervised fine-tuning on chat records: loss on assistant tokens (or all), examples packed
-    best-fit into seq_len blocks with per-example position ids, or padded per batch."""
+    best-fit into seq_len blocks with per-example position ids, or padded per batch. A plain-text
+    source among `data` is replayed (language modelling on every token, in the same batches):
+    curated general text against forgetting, or the domain's documents."""
 
     kind: Literal["sft"]
     reads: ClassVar[str] = "chat"
+    replays_text: ClassVar[bool] = True  # plain-text sources in `data` are replayed (forge.stages.replay)
     evaluates: ClassVar[tuple[str, ...]] = ("perplexity",)
     train_on: Literal["assistant", "all"] | None = Field(
         None, description="tokens that carry loss; default: the data source's chat.loss_on")

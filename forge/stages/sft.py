@@ -1,4 +1,5 @@
-"""Supervised fine-tuning: masked next-token loss on chat records (assistant tokens by default).
+"""Supervised fine-tuning: masked next-token loss on chat records (assistant tokens by default), with
+plain-text sources among them replayed as language modelling (forge.stages.replay).
 
 Records become chat messages by their source's `chat:` mapping and are tokenized once with the
 chat template (forge.data.formats); each epoch the training examples are shuffled and packed
@@ -21,6 +22,7 @@ from forge.errors import ForgeError
 from forge.lm.generation import Sampling, generate
 from forge.recipe.settings import SftStage
 from forge.stages.post_data import chat_spec, split_rows, tokens_by_source
+from forge.stages.replay import text_examples
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
 from forge.train.loop import Outcome, Task, fit
@@ -89,11 +91,13 @@ def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
     counts: dict[str, FormatStats] = {}
     template: str | None = None
     for name in stage.data:
+        stats = counts[name] = FormatStats()
+        if getattr(sources[name], "chat", None) is None:  # plain text: replayed with loss on every token
+            examples += list(text_examples(sources[name], tokenizer, stage.seq_len, held_out, stats))
+            continue
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
-        stats = FormatStats()
         examples += list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
                                       OnError(sources[name].on_error, sources[name].max_errors)))
-        counts[name] = stats
         if template is None:
             template = resolve_chat_template(tokenizer, spec)[0]
     return examples, counts, template
@@ -124,7 +128,8 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, s.pad_id, stage.seed)
     held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size,
                                s.pad_id)[0] if held else []
-    encoder = ChatEncoder(tok, chat_spec(inputs.sources[stage.data[0]], where))
+    chats = [n for n in stage.data if getattr(inputs.sources[n], "chat", None) is not None]  # the rest: text replay
+    encoder = ChatEncoder(tok, chat_spec(inputs.sources[chats[0] if chats else stage.data[0]], where))
     prompts = _sample_prompts(stage, inputs.sources, held)
 
     def evaluate(step: int) -> dict[str, float]:
@@ -163,7 +168,7 @@ def _sample_prompts(stage: SftStage, sources: dict[str, Any], held: list[dict[st
     if not stage.samples.every:
         return []
     out = []
-    for name in stage.data:
+    for name in [n for n in stage.data if getattr(sources[n], "chat", None) is not None]:
         spec = chat_spec(sources[name], f"stage {stage.name}")
         for _, where, row in split_rows(sources[name], held_out=True):
             try:

@@ -1,0 +1,78 @@
+"""Plain-text replay in an SFT stage (forge/stages/replay.py): a text source beside chat sources
+becomes language-modelling examples of its training split, trains in the same batches, and holds
+the general perplexity that SFT alone loses; an SFT stage of plain text only is still refused."""
+from __future__ import annotations
+
+import pytest
+
+from forge.data.mixing import in_holdout
+from forge.errors import ForgeError
+from forge.eval.evaluators import perplexity
+from forge.inputs import resolve_source
+from forge.lm.perplexity import source_blocks
+from forge.recipe import DataSource, SftStage, load_recipe
+from forge_testing import base_recipe, run_stage, write_recipe
+from sft_fixtures import write_qa
+
+
+def _sources(tmp_path, generated_sources):
+    qa = resolve_source("qa", DataSource(path=str(write_qa(tmp_path / "qa.jsonl")), holdout=0.0,
+                                         chat={"kind": "prompt_completion"}), tmp_path)
+    return {"qa": qa, "general": generated_sources["general"]}
+
+
+def _sft(data, **kw) -> SftStage:
+    return SftStage(**{"name": "sft", "kind": "sft", "data": data, "max_steps": 30, "seq_len": 64, "batch_size": 8,
+                       "optim": {"lr": 2e-2}, "schedule": {"kind": "constant"}, **kw})
+
+
+def test_text_examples_are_the_training_split_with_loss_on_every_token(tmp_path, tiny_checkpoint, generated_sources):
+    from transformers import AutoTokenizer
+
+    from forge.stages.sft import load_examples
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    sources = _sources(tmp_path, generated_sources)
+    examples, counts, template = load_examples(_sft(["qa", "general"]), sources, tok, held_out=False)
+    general = sources["general"]
+    train_docs = [t for n, t in general.records() if not in_holdout("general", n, general.holdout)]
+    assert counts["general"].records == len(train_docs) and counts["qa"].records > 0
+    text = [e for e in examples if e["labels"][1:] == e["input_ids"][1:]]
+    assert len(text) == counts["general"].examples >= len(train_docs)
+    assert all(len(e["input_ids"]) <= 64 for e in text) and "assistant" in template
+    first = next(e for e in text if e["input_ids"][0] == tok.eos_token_id)
+    assert first["labels"][0] == -100  # the separator before a document is context only
+    held = load_examples(_sft(["qa", "general"]), sources, tok, held_out=True)[1]["general"]
+    assert held.records == len(list(general.records())) - len(train_docs)
+
+
+def test_replay_holds_general_perplexity_that_sft_alone_loses(tmp_path, tiny_checkpoint, generated_sources):
+    sources = _sources(tmp_path, generated_sources)
+    alone = run_stage(_sft(["qa"]), tiny_checkpoint, sources, tmp_path / "alone")
+    replayed = run_stage(_sft(["qa", "general"]), tiny_checkpoint, sources, tmp_path / "replay")
+    assert replayed.tokens_by_source["general"] > 0 and replayed.tokens_by_source["qa"] > 0
+
+    def general_ppl(checkpoint):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(checkpoint)
+        blocks = source_blocks(sources, ["general"], tok, 32, "eos", 8)
+        return perplexity(AutoModelForCausalLM.from_pretrained(checkpoint), blocks, 8, "cpu")["ppl.general"]
+
+    start, lost, kept = general_ppl(tiny_checkpoint), general_ppl(alone.checkpoint), general_ppl(replayed.checkpoint)
+    print(f"general ppl: start {start:.1f}, SFT alone {lost:.1f}, SFT with replay {kept:.1f}")
+    assert kept < lost and kept < start  # replay learns the general text the SFT alone forgets
+
+
+def test_recipes_accept_text_beside_chat_in_sft_only(tmp_path):
+    r = base_recipe(tmp_path)
+    r["data"]["qa"] = {"path": str(write_qa(tmp_path / "qa.jsonl")), "chat": {"kind": "prompt_completion"}}
+    r["stages"] = [{"name": "sft", "kind": "sft", "data": ["qa", "general"], "max_steps": 2, "seq_len": 64}]
+    assert load_recipe(write_recipe(tmp_path / "ok.yaml", r)).stages[0].data == ["qa", "general"]
+    r["stages"] = [{"name": "sft", "kind": "sft", "data": ["general"], "max_steps": 2, "seq_len": 64}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.data\[0\]: data.general holds plain text"):
+        load_recipe(write_recipe(tmp_path / "text-only.yaml", r))
+    r["data"]["pairs"] = {"path": str(tmp_path / "qa.jsonl"), "chat": {"kind": "preference"}}
+    r["stages"] = [{"name": "dpo", "kind": "dpo", "data": ["pairs", "general"], "max_steps": 2, "seq_len": 64}]
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.data\[1\]: data.general holds plain text"):
+        load_recipe(write_recipe(tmp_path / "dpo.yaml", r))
