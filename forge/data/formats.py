@@ -2,7 +2,8 @@
 (`forge.data.examples` streams training examples from rows with them).
 
 A row (one JSON object) becomes chat messages by its format (`messages`, `instruction`,
-`prompt_completion`, `preference`, `hh`), with record field names set by the recipe. Messages are
+`prompt_completion`, `preference`, `hh`; Nova's `bedrock`, `openai` and, for RFT prompts,
+`openai_rft`: forge.data.nova_formats), with record field names set by the recipe. Messages are
 rendered with the recipe's chat template, else the tokenizer's, else DEFAULT_CHAT_TEMPLATE, and
 tokenized once; labels are -100 except on the tokens the loss covers (by default every assistant
 turn's content plus its end-of-turn token). Bad records raise ForgeError naming the file, line and
@@ -18,6 +19,7 @@ from pydantic import ConfigDict
 
 from forge.data.chat_render import DEFAULT_CHAT_TEMPLATE, GENERATION_TAG, ChatRenderer
 from forge.data.head_encode import HeadEncoder, token_spans
+from forge.data.nova_formats import Bad, bedrock_messages, openai_messages, rft_prompt
 from forge.errors import ForgeError
 
 IGNORE = -100
@@ -33,8 +35,12 @@ FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "preference": {"prompt": ("prompt", True), "chosen": ("chosen", True), "rejected": ("rejected", True),
                    "system": ("system", False)},
     "hh": {"chosen": ("chosen", True), "rejected": ("rejected", True)},
+    "bedrock": {"messages": ("messages", True), "system": ("system", False)},
+    "openai": {"messages": ("messages", True), "tools": ("tools", False)},
+    "openai_rft": {"messages": ("messages", True)},
 }
-Kind = Literal["messages", "instruction", "prompt_completion", "preference", "hh"]
+Kind = Literal["messages", "instruction", "prompt_completion", "preference", "hh", "bedrock", "openai", "openai_rft"]
+NOVA = ("bedrock", "openai", "openai_rft")  # the kinds forge.data.nova_formats reads
 
 
 @dataclass
@@ -145,8 +151,42 @@ def _system(row: dict, spec: FormatSpec, where: str) -> list[dict]:
     return [{"role": "system", "content": text}] if text else []
 
 
+def _nova(row: Any, spec: FormatSpec, where: str) -> list[dict]:
+    if isinstance(row, Exception):  # a reader's stand-in for a malformed line
+        raise RecordError(where, str(row).removeprefix(where).lstrip(": "))
+    try:
+        if spec.kind == "bedrock":
+            return bedrock_messages(row, spec.field_name("messages"), spec.field_name("system"))
+        if spec.kind == "openai":
+            return openai_messages(row, spec.field_name("messages"), spec.field_name("tools"))
+    except Bad as e:
+        raise RecordError(where, e.problem, e.fld) from None
+    raise ForgeError(f"format {spec.kind!r} holds RFT prompts (for an rft stage), not conversations to train on; "
+                     "use kind: bedrock or openai for SFT")
+
+
+def prompt_messages(row: Any, spec: FormatSpec | None, prompt_field: str, where: str) -> tuple[list[dict], dict]:
+    """(prompt messages, the fields rewards receive) of one RFT prompt row: an `openai_rft` record
+    (its messages; id, reference_answer and the rest as fields), else a row whose `prompt_field`
+    text is the user turn (the other columns as fields)."""
+    if isinstance(row, Exception):
+        raise RecordError(where, str(row).removeprefix(where).lstrip(": "))
+    if spec is not None and spec.kind == "openai_rft":
+        try:
+            return rft_prompt(row, spec.field_name("messages"))
+        except Bad as e:
+            raise RecordError(where, e.problem, e.fld) from None
+    if not isinstance(row, dict) or not isinstance(row.get(prompt_field), str):
+        raise ForgeError(f"{where}: a prompt row needs a text field {prompt_field!r} (prompt_field)")
+    if not row[prompt_field].strip():
+        raise ForgeError(f"{where}: the prompt ({prompt_field!r}, prompt_field) is empty; an rft prompt needs text")
+    return [{"role": "user", "content": row[prompt_field]}], {k: v for k, v in row.items() if k != prompt_field}
+
+
 def to_messages(row: Any, spec: FormatSpec, where: str) -> list[dict]:
     """An SFT conversation from one record (preference formats give the prompt plus the chosen reply)."""
+    if spec.kind in NOVA:
+        return _nova(row, spec, where)
     if spec.kind == "messages":
         return _messages(_get(row, spec, "messages", where, (list,)), spec, where, spec.field_name("messages"))
     if spec.kind == "instruction":
@@ -221,6 +261,11 @@ def resolve_chat_template(tokenizer, spec: FormatSpec) -> tuple[str, str]:
     return DEFAULT_CHAT_TEMPLATE, "default"
 
 
+def m_weight(message: dict) -> int:
+    """A reply's loss weight: OpenAI's per-message `weight` (0 or 1), 1 when absent."""
+    return int(message.get("weight", 1))
+
+
 class ChatEncoder:
     """Renders conversations with one chat template and labels the tokens the loss covers.
 
@@ -245,11 +290,14 @@ class ChatEncoder:
         return self.renderer.render(messages, add_generation_prompt)
 
     def _spans(self, messages: list[dict], full: str, first: int, where: str) -> list[tuple[int, int]]:
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= first]
+        replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        turns = [i for i in replies if i >= first and m_weight(messages[i])]  # OpenAI's weight: 0 turns carry no loss
         if self.loss_on == "last_assistant":
             turns = turns[-1:]
         if self.generation_tags:
             _, spans = self.renderer.spans(messages)
+            if len(spans) == len(replies):  # one generation block per reply
+                return [span for i, span in zip(replies, spans) if i in turns]
             return spans[len(spans) - len(turns):] if turns else []
         out = []
         for i in turns:
