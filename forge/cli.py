@@ -279,7 +279,9 @@ LAZY = {"plan": ("forge.plan.command",
                    "upload an export to S3 and start an Amazon Bedrock Custom Model Import job"),
         "eval": ("forge.eval.command", "evaluate a run's models (or any models) side by side, with gates"),
         "catalog": ("forge.catalog.command", "foundation families: phase checkpoints and curated data"),
-        "ui": ("forge.ui", "open the MLflow UI on a run's store")}
+        "ui": ("forge.ui", "open the MLflow UI on a run's store"),
+        "data": ("forge.data.check_command", "check a data file against a record format (bedrock, openai, openai_rft, ...)"),
+        "reward": ("forge.lm.reward_command", "verify a reward source (a Nova Lambda too) on sample rows")}
 
 
 def _add_recipe_commands(sub) -> None:

@@ -4,7 +4,9 @@ A `RewardWorker` is one child process (`python -c`, its own session) that loads 
 reward by its source string (forge.usercode) and calls it on request; the arguments cross its
 stdin as forge's own plain lists and dicts, and the answer comes back as JSON (numpy values are
 turned into Python numbers, other objects into an `Opaque` description), so forge never unpickles
-what user code produced. A call has a wall-clock deadline: past it the worker is
+what user code produced. A Nova-protocol source (`lambda_handler(event, context)`, forge.lm.nova_reward)
+is called with the event and a local context through `call_event`, its answer kept as JSON-like
+values. A call has a wall-clock deadline: past it the worker is
 killed (SIGKILL, its process group with it) and the next call starts a fresh one. A worker that
 exits (`sys.exit`, `os._exit`), crashes or sends an oversized answer fails the call with a
 `WorkerFailed` saying what happened. The worker ignores SIGINT (forge decides when it ends) and
@@ -33,6 +35,7 @@ from types import FrameType
 from typing import Any, Iterator
 
 from forge.errors import ForgeError
+from forge.lm.nova_reward import LocalContext
 from forge.usercode import load_function
 
 START_TIMEOUT_S = 120.0  # importing the reward's module in a fresh worker (not part of a call's timeout_s)
@@ -85,6 +88,20 @@ def plain(value: object) -> object:
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         return [_plain_item(v) for v in value]
+    return _plain_item(value)
+
+
+def plain_json(value: object, depth: int = 0) -> object:
+    """A Nova answer as JSON-like values: dicts with text keys, lists, numbers, text, None (numpy
+    through tolist()/item()); anything else an Opaque, which the contract check then names."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        value = value.tolist()
+    if depth > 32:
+        return Opaque(value)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: plain_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v, depth + 1) for v in value]
     return _plain_item(value)
 
 
@@ -163,13 +180,16 @@ class RewardWorker:
     def call(self, prompts: list[str], completions: list[str], fields: dict[str, list[Any]],
              timeout_s: float) -> object:
         """The function's answer (plain values); WorkerFailed / WorkerTimeout / Interrupted otherwise."""
+        return self._request((prompts, completions, fields), timeout_s)
+
+    def _request(self, request: tuple[Any, ...], timeout_s: float) -> object:
         deadline = time.monotonic() + timeout_s
         if self._proc is None or self._proc.poll() is not None:
             self.close()
             self.start()
         assert self._conns is not None
         try:
-            self._conns[0].send((prompts, completions, fields))
+            self._conns[0].send(request)
             kind, value = self._receive(deadline)
         except OSError:  # the pipe broke: the worker is gone
             death = self._death()
@@ -184,6 +204,10 @@ class RewardWorker:
         if kind == "raised":
             raise WorkerFailed(f"raised {value}")
         return value
+
+    def call_event(self, event: list[dict[str, Any]], timeout_s: float) -> object:
+        """A Nova handler's answer to `event` (JSON-like values); as `call` otherwise."""
+        return self._request(("nova", event, timeout_s), timeout_s)
 
     def _receive(self, deadline: float) -> tuple[str, object]:
         assert self._conns is not None and self._proc is not None
@@ -260,14 +284,19 @@ def serve(recv: mpc.Connection, send: mpc.Connection, source: str, root: str | N
     _reply(send, "ready", None)
     while True:
         try:
-            prompts, completions, fields = recv.recv()
+            request = recv.recv()
         except (EOFError, OSError):
             return
+        nova = request[0] == "nova"
         try:
-            answer = fn(prompts, completions, **fields)
+            if nova:  # Nova's contract: lambda_handler(event, context)
+                answer = fn(request[1], LocalContext(source.rpartition(":")[2], request[2]))
+            else:
+                prompts, completions, fields = request
+                answer = fn(prompts, completions, **fields)
             if inspect.isawaitable(answer):
                 answer = asyncio.run(_awaited(answer))
-            reply: tuple[str, object] = ("ok", plain(answer))
+            reply: tuple[str, object] = ("ok", plain_json(answer) if nova else plain(answer))
         except SystemExit as e:
             _reply(send, "exit", f"the reward called sys.exit({e.code!r})")
             return

@@ -9,6 +9,10 @@ A source is one of:
   `batch_size`, at most `concurrency` requests in flight, failed attempts retried `retries` times;
 - `lambda:<name or ARN>`: an AWS Lambda function invoked through boto3 with the same JSON, in chunks
   (botocore's connect and read timeouts are `timeout_s`).
+With `protocol: nova` the same three sources speak Amazon Nova's reward contract instead
+(forge.lm.nova_reward): a local `file.py:lambda_handler`, a Lambda or an endpoint gets Nova's event
+(a list of samples, `batch_size` a request) and answers with Nova's results; `aggregate_reward_score`
+is the score and the `metrics_list` values are kept in `metrics` for the stage to log.
 `timeout_s` bounds the whole call, whatever the source: every chunk and every retry of an HTTP
 source, the Python function however it blocks. Scores are numbers (numpy's too; not booleans);
 a numpy array counts as the list. A call that raises, exits, crashes, times out, returns the wrong
@@ -31,11 +35,13 @@ from types import TracebackType
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
+from forge.lm.nova_reward import Answer, event, read_answer
 from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
 from forge.recipe.settings import RewardSource
 from forge.usercode import split_spec
 
 Fields = dict[str, list[Any]]  # the prompt rows' other columns, one list per column
+Chunk = Any  # one request's payload: forge's {"prompts", "completions", **fields} or a list of Nova samples
 MAX_RESPONSE_BYTES = 64 * 2**20  # an HTTP answer larger than this fails the call
 
 
@@ -58,6 +64,8 @@ class Reward:
         self.spec, self.source, self.weight = spec, spec.source, spec.weight
         self.label = reward_label(spec.source)
         self._lambda, self._worker = lambda_client, None
+        self.nova = spec.protocol == "nova"
+        self.metrics: dict[str, list[float | None]] = {}  # nova: the last call's metrics_list values, by type.name
         if not spec.source.startswith(("http://", "https://", "lambda:")):
             split_spec(spec.source, "reward")
             self._worker = RewardWorker(spec.source, None if root is None else str(root))
@@ -73,15 +81,40 @@ class Reward:
         self.close()
 
     # ------------------------------------------------------------------------- calling
-    def __call__(self, prompts: list[str], completions: list[str], fields: Fields, batch: int) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], fields: Fields, batch: int,
+                 messages: list[list[dict[str, Any]]] | None = None) -> list[float]:
+        """Scores of the completions; `messages` are their prompts as chat messages (Nova's event
+        carries them; by default each prompt is one user turn)."""
         where = f"reward {self.source!r} on batch {batch}"
+        if self.nova:
+            chats = messages or [[{"role": "user", "content": p}] for p in prompts]
+            samples = event(completions, chats, fields, batch)
+            answer = read_answer(self.send(samples, where), [s["id"] for s in samples])
+            return self._nova_scores(answer, where)
+        return check_scores(self.send((prompts, completions, fields), where), len(completions), where)
+
+    def _nova_scores(self, answer: Answer, where: str) -> list[float]:
+        if answer.problems:
+            more = f" (and {len(answer.problems) - 3} more; forge reward verify lists them all)" \
+                if len(answer.problems) > 3 else ""
+            raise RewardError(f"{where}: the answer breaks Nova's reward contract: {'; '.join(answer.problems[:3])}{more}")
+        self.metrics = answer.metrics
+        return [float(s) for s in answer.scores if s is not None]
+
+    def send(self, payload: Any, where: str) -> object:
+        """The source's raw answer to `payload`: a Nova event (a list of samples), else (prompts,
+        completions, fields); joined over its requests. Every failure is a RewardError naming the
+        source and the batch."""
         try:
             if self._worker is not None:
-                scores = self._worker.call(prompts, completions, fields, self.spec.timeout_s)
-            elif self.source.startswith("lambda:"):
-                scores = self._invoke_lambda(prompts, completions, fields, where)
-            else:
-                scores = self._http(prompts, completions, fields, where)
+                if self.nova:
+                    return self._worker.call_event(payload, self.spec.timeout_s)
+                prompts, completions, fields = payload
+                return self._worker.call(prompts, completions, fields, self.spec.timeout_s)
+            chunks = self._split(payload) if self.nova else self._chunks(*payload)
+            if self.source.startswith("lambda:"):
+                return self._invoke_lambda(chunks, where)
+            return self._http(chunks, where)
         except RewardError:
             raise
         except Interrupted as e:
@@ -93,15 +126,17 @@ class Reward:
             raise RewardError(f"{where}: {e}") from None
         except Exception as e:
             raise RewardError(f"{where}: raised {type(e).__name__}: {e}") from None
-        return check_scores(scores, len(completions), where)
 
     def _chunks(self, prompts: list[str], completions: list[str], fields: Fields) -> list[dict[str, list[Any]]]:
         n = self.spec.batch_size
         return [{"prompts": prompts[i:i + n], "completions": completions[i:i + n],
                  **{k: v[i:i + n] for k, v in fields.items()}} for i in range(0, len(completions), n)]
 
-    def _map_chunks(self, call: Callable[[dict[str, list[Any]]], object], chunks: list[dict[str, list[Any]]],
-                    deadline: "Deadline") -> object:
+    def _split(self, samples: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        n = self.spec.batch_size
+        return [samples[i:i + n] for i in range(0, len(samples), n)]
+
+    def _map_chunks(self, call: Callable[[Chunk], object], chunks: list[Chunk], deadline: "Deadline") -> object:
         """Each chunk's answer, joined; TimeoutError when they are not all in by the deadline (the
         connections still open are then shut, so no thread outlives the call for long)."""
         pool = cf.ThreadPoolExecutor(self.spec.concurrency, thread_name_prefix="forge-reward")
@@ -117,20 +152,20 @@ class Reward:
             pool.shutdown(wait=False, cancel_futures=True)
         out: list[object] = []
         for chunk, part in zip(chunks, parts):
-            if not isinstance(part, list) or len(part) != len(chunk["completions"]):
+            if not isinstance(part, list) or len(part) != len(chunk if self.nova else chunk["completions"]):
                 return part if not isinstance(part, list) else out + part  # check_scores reports it
             out += part
         return out
 
-    def _http(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
+    def _http(self, chunks: list[Chunk], where: str) -> object:
         deadline = Deadline(self.spec.timeout_s)
 
-        def post(chunk: dict[str, list[Any]]) -> object:
+        def post(chunk: Chunk) -> object:
             body = json.dumps(chunk).encode()
             for attempt in range(self.spec.retries + 1):  # retries count against the call's one deadline
                 try:
                     data = json.loads(_post(self.source, body, deadline))
-                    return data["rewards"] if isinstance(data, dict) and "rewards" in data else data
+                    return data["rewards"] if not self.nova and isinstance(data, dict) and "rewards" in data else data
                 except (OSError, http.client.HTTPException, ValueError) as e:
                     if deadline.left() <= 0:
                         raise TimeoutError from None
@@ -139,19 +174,19 @@ class Reward:
                                           f"{str(e) or type(e).__name__}") from None
                     time.sleep(max(0.0, min(2.0, 0.2 * 2 ** attempt, deadline.left())))
             raise AssertionError("unreachable: the last attempt returns or raises")
-        return self._map_chunks(post, self._chunks(prompts, completions, fields), deadline)
+        return self._map_chunks(post, chunks, deadline)
 
-    def _invoke_lambda(self, prompts: list[str], completions: list[str], fields: Fields, where: str) -> object:
+    def _invoke_lambda(self, chunks: list[Chunk], where: str) -> object:
         client = self._lambda or _boto_lambda(self.spec)
         name = self.source.removeprefix("lambda:")
 
-        def invoke(chunk: dict[str, list[Any]]) -> object:
+        def invoke(chunk: Chunk) -> object:
             resp = client.invoke(FunctionName=name, InvocationType="RequestResponse", Payload=json.dumps(chunk).encode())
             payload = json.loads(resp["Payload"].read() or b"null")
             if resp.get("FunctionError"):
                 raise RewardError(f"{where}: the Lambda function failed ({resp['FunctionError']}): {payload}")
-            return payload["rewards"] if isinstance(payload, dict) and "rewards" in payload else payload
-        return self._map_chunks(invoke, self._chunks(prompts, completions, fields), Deadline(self.spec.timeout_s))
+            return payload["rewards"] if not self.nova and isinstance(payload, dict) and "rewards" in payload else payload
+        return self._map_chunks(invoke, chunks, Deadline(self.spec.timeout_s))
 
 
 class Deadline:

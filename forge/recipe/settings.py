@@ -353,6 +353,8 @@ class RewardSource(Strict):
     concurrency: int = Field(4, gt=0, le=256, description="http / lambda: requests in flight")
     batch_size: int = Field(64, gt=0, description="http / lambda: completions per request")
     region: str | None = Field(None, description="lambda: AWS region (default: boto3's)")
+    protocol: Literal["forge", "nova"] = Field("forge", description="forge: (prompts, completions, **fields) -> "
+                                               "scores; nova: Amazon Nova's reward Lambda contract (forge.lm.nova_reward)")
 
     @model_validator(mode="after")
     def _form(self) -> "RewardSource":

@@ -1,23 +1,25 @@
 """Reinforcement fine-tuning with GRPO (Shao et al. 2024, DeepSeekMath §4.1).
 
 Each rollout: `batch_size` prompts from the data (read as rows: `prompt_field` is the user turn,
-the other columns go to the reward functions), `group` completions per prompt sampled with
-Hugging Face `generate` or, with `generation: vllm`, vLLM's offline engine (forge.lm.generation),
-scored by the recipe's reward sources (forge.lm.rewards; weighted
-sum). Advantages are the rewards normalised within each prompt's group. The objective is the
-clipped policy ratio against the rollout's log-probs, averaged over completion tokens, plus
-`kl_beta` times the k3 KL estimate toward the input checkpoint (Schulman 2020). The policy takes
+the other columns go to the reward functions; or OpenAI-RFT records, `chat: {kind: openai_rft}`,
+whose messages are the prompt and whose id, reference_answer and other fields go to the rewards),
+`group` completions per prompt sampled with Hugging Face `generate` or, with `generation: vllm`,
+vLLM's offline engine (forge.lm.generation), scored by the recipe's reward sources
+(forge.lm.rewards; weighted sum; a Nova-protocol source's metrics_list values are logged as
+reward.<source>.<type>.<name>). Advantages are the rewards normalised within each prompt's group.
+The objective is the clipped policy ratio against the rollout's log-probs, averaged over completion
+tokens, plus `kl_beta` times the k3 KL estimate toward the input checkpoint (Schulman 2020). The policy takes
 `updates_per_rollout` optimizer steps per rollout. Its own part of the loop (forge.train.loop.fit):
 the rollouts (made before a step, untimed), the GRPO loss, and the reward figures.
 """
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from forge.data.formats import ChatEncoder, FormatSpec
+from forge.data.formats import ChatEncoder, FormatSpec, prompt_messages
 from forge.errors import ForgeError
 from forge.lm.generation import completion_batch, make_generator
 from forge.lm.rewards import Reward, unique_labels
@@ -33,13 +35,16 @@ from forge.train.state import TrainState
 from forge.train.step import StepResult
 
 
-class PromptStream:
-    """Prompt rows, epoch after epoch in file order; its position is part of the resume state."""
+Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fields rewards receive)
 
-    def __init__(self, rows: list[dict[str, Any]]):
+
+class PromptStream:
+    """Prompts, epoch after epoch in file order; its position is part of the resume state."""
+
+    def __init__(self, rows: list[Prompt]):
         self.rows, self.pos = rows, 0
 
-    def take(self, n: int) -> list[dict[str, Any]]:
+    def take(self, n: int) -> list[Prompt]:
         out = [self.rows[(self.pos + i) % len(self.rows)] for i in range(n)]
         self.pos += n
         return out
@@ -78,6 +83,7 @@ class Rollouts:
         self.micro: list[dict[str, torch.Tensor]] = []  # the loss's micro-batches
         self.scores: list[dict[str, Any]] = []  # per micro-batch: reward source -> scores, and "total"
         self.table: dict[str, list[Any]] = {}
+        self.metrics: dict[str, list[float]] = {}  # a Nova source's metrics_list values in this rollout
         self.first: list[dict[str, Any]] | None = None
 
     def before_step(self, step: int) -> None:
@@ -91,18 +97,24 @@ class Rollouts:
         model.eval()
         self.generator.sync(model)
         self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
+        self.metrics = {}
         for _ in range(stage.grad_accum):
             # every rank takes the whole step's prompts and keeps its share, as the other stages do
             batch = self.data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
-            messages = [[{"role": "user", "content": r[stage.prompt_field]}] for r in batch]
+            messages = [m for m, _ in batch]
             ids = [tok(self.encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                    for m in messages]
             completions = self.generator.generate(model, ids)
             seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, s.pad_id, s.device)
             texts = tok.batch_decode(completions, skip_special_tokens=True)
             prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
-            fields = {k: [r.get(k) for r in batch for _ in range(stage.group)] for k in batch[0] if k != stage.prompt_field}
-            scores = {rw.source: rw(prompts, texts, fields, step) for rw in self.rewards}
+            fields = {k: [f.get(k) for _, f in batch for _ in range(stage.group)] for k in batch[0][1]}
+            chats = [m for m in messages for _ in range(stage.group)]
+            scores = {rw.source: rw(prompts, texts, fields, step, chats) for rw in self.rewards}
+            for rw in self.rewards:  # a Nova source's metrics_list values, logged with the rewards
+                for name, values in rw.metrics.items():
+                    self.metrics.setdefault(f"reward.{self.labels[rw.source]}.{name}", []).extend(
+                        v for v in values if v is not None)
             total = torch.tensor([sum(rw.weight * scores[rw.source][i] for rw in self.rewards) for i in range(len(texts))])
             micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": cmask.float(),
                      "old": token_logps(model, seqs, mask, width), "adv": advantages(total, stage.group).to(s.device),
@@ -131,7 +143,8 @@ class Rollouts:
                          dtype=torch.float64)
         if self.s.world > 1:
             n = self.s.accelerator.reduce(n.to(self.s.device), "sum").cpu()
-        return {**figures, "completion_length": n[0].item() / max(n[1].item(), 1.0)}
+        metrics = {k: sum(v) / len(v) for k, v in self.metrics.items() if v}  # this rank's (the Lambda's own figures)
+        return {**figures, **metrics, "completion_length": n[0].item() / max(n[1].item(), 1.0)}
 
     def finish(self, state: TrainState) -> Outcome:
         stage = self.stage
@@ -159,8 +172,9 @@ def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor
 
 
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
-    rows = [row for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)
-            if _check_row(row, stage.prompt_field, at)]  # a bad or empty prompt fails before anything starts
+    rows = [prompt_messages(row, getattr(inputs.sources[name], "chat", None), stage.prompt_field, at)
+            for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)]
+    # a bad or empty prompt has failed before anything starts
     if not rows:
         raise ForgeError(f"stage {stage.name}: no prompts in {stage.data}")
     rewards: list[Reward] = []
@@ -173,7 +187,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
             reward.close()
 
 
-def _train(stage: RftStage, inputs: StageInputs, rows: list[dict[str, Any]], rewards: list[Reward]) -> StageResult:
+def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: list[Reward]) -> StageResult:
     s = open_session(stage, inputs, lora=stage.lora)
     if s.rank:  # each rank samples its own completions (rank 0 keeps the recipe's seed)
         torch.manual_seed(stage.seed + s.rank)
@@ -187,18 +201,6 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[dict[str, Any]], rew
                 samples=roll.samples, before_step=roll.before_step, row=roll.row,
                 chat_template=roll.encoder.template, postfix="reward_mean")
     return fit(s, task, inputs.tracker)
-
-
-def _check_row(row: object, field: str, where: str) -> TypeGuard[dict[str, Any]]:
-    """True for a prompt row (a dict with a non-empty text field); raises for anything else, naming
-    the file and line (an empty prompt is refused, not skipped)."""
-    if isinstance(row, Exception):
-        raise ForgeError(str(row))
-    if not isinstance(row, dict) or not isinstance(row.get(field), str):
-        raise ForgeError(f"{where}: a prompt row needs a text field {field!r} (prompt_field)")
-    if not row[field].strip():
-        raise ForgeError(f"{where}: the prompt ({field!r}, prompt_field) is empty; an rft prompt needs text")
-    return True
 
 
 def reward_figures(scores: list[dict[str, Any]], labels: dict[str, str], accelerator: Any) -> dict[str, float]:
