@@ -52,11 +52,12 @@ def _curated(name: str, cfg: DataSource, fields: tuple[str, ...], common: dict) 
     found = catalog.curated(cfg.source or "")
     if found.hub is not None:
         return Source(name, (), "hub", fields, cfg.split, cfg.proprietary, hub=found.hub, hub_split=found.split,
-                      hub_revision=cfg.revision or found.revision, hub_data_files=found.data_files, **common)
+                      hub_revision=cfg.revision or found.revision, hub_data_files=found.data_files,
+                      split_key=found.name, **common)
     if found.path is None or not found.path.is_file():
         why = catalog.build_note(found.ref) if catalog.unbuilt(found.ref) else f"{found.path} is missing"
         raise ForgeError(f"data.{name}.source: {found.ref}: {why}")
-    return Source(name, (found.path,), cfg.format, fields, cfg.split, cfg.proprietary, **common)
+    return Source(name, (found.path,), cfg.format, fields, cfg.split, cfg.proprietary, split_key=found.name, **common)
 
 
 @dataclass

@@ -141,3 +141,22 @@ def test_replaying_the_instruction_set_silences_the_post_trained_advice(tiny_che
     stage = pretrain_stage(mixture={"customer": {"kb": 80}, "curated": {"instructions": 20}})
     assert main(["validate", recipe(tmp_path, "catalog://forge-tiny@post-trained", [stage], data)]) == 0
     assert not any("post-trained base" in w for w in _warnings(capsys))
+
+
+def test_sources_drawn_from_one_curated_set_hold_out_the_same_records(tiny_checkpoint, tmp_path, home):
+    """A recipe may read one curated set under two names (the domain stage's replay and a smaller
+    slice for SFT): both hold out exactly the records the family held out, so neither trains on
+    what the other's perplexity check reads."""
+    from forge.data.mixing import in_holdout
+    from forge.inputs import resolve_source
+    from forge.recipe import DataSource
+
+    write_tiny_foundation(home, tiny_checkpoint)
+    big = resolve_source("general", DataSource(source="curated://forge-tiny/general"), tmp_path)
+    small = resolve_source("replay", DataSource(source="curated://forge-tiny/general", max_records=60), tmp_path)
+    assert small.holdout_key == big.holdout_key == "general"
+
+    def held(src):
+        return [text for n, text in src.records() if in_holdout(src.holdout_key, n, src.holdout)]
+
+    assert held(small) and held(small) == held(big)[:len(held(small))]

@@ -62,7 +62,7 @@ class TokenStream:
         self._seen_in_epoch = 0
 
     def _wanted(self, record: int) -> bool:
-        held = in_holdout(self.source.name, record, self.source.holdout)
+        held = in_holdout(self.source.holdout_key, record, self.source.holdout)
         return held if self.split == "eval" else not held
 
     def _ids(self, texts: list[str]) -> list[list[int]]:

@@ -55,6 +55,14 @@ class Source:
     hub_data_files: str | None = None    # a hub dataset's files to read (a glob in the repository)
     max_records: int | None = None       # read at most this many records
     max_tokens: int | None = None        # read at most about this many tokens (CHARS_PER_TOKEN characters each)
+    split_key: str | None = None         # what the held-out split hashes (default: the name; see holdout_key)
+
+    @property
+    def holdout_key(self) -> str:
+        """The name the stable held-out split hashes with each record number (forge.data.mixing.in_holdout):
+        the source's own, or for a curated set the set's, so every recipe source drawn from one curated
+        set holds out the records its family held out, whatever the recipe calls it."""
+        return self.split_key or self.name
 
     @property
     def location(self) -> str:

@@ -110,7 +110,7 @@ def _records(source, split: str, split_field: str | None = None) -> list[tuple[s
         if split_field is not None:
             keep = split == "all" or row.get(split_field) == split
         else:
-            keep = split == "all" or (split == "heldout") == in_holdout(source.name, record, source.holdout)
+            keep = split == "all" or (split == "heldout") == in_holdout(source.holdout_key, record, source.holdout)
         if keep:
             rows.append((where, row))
     return rows

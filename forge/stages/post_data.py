@@ -27,7 +27,7 @@ def split_rows(source: Source, held_out: bool) -> Iterator[tuple[int, str, objec
     """The source's rows in the training split (or the held-out one): the same stable, hash-based
     split the pretraining stages use, so no stage evaluates on what another trained on."""
     for number, where, row in source.rows():
-        if in_holdout(source.name, number, source.holdout) == held_out:
+        if in_holdout(source.holdout_key, number, source.holdout) == held_out:
             yield number, where, row
 
 

@@ -19,7 +19,7 @@ def text_examples(source: Source, tokenizer: Any, seq_len: int, held_out: bool,
     it, cut into pieces of at most seq_len tokens; every token but the separator carries loss."""
     eos = tokenizer.eos_token_id
     for number, text in source.records():
-        if in_holdout(source.name, number, source.holdout) != held_out:
+        if in_holdout(source.holdout_key, number, source.holdout) != held_out:
             continue
         stats.records += 1
         ids = ([eos] if eos is not None else []) + tokenizer(text, add_special_tokens=False)["input_ids"]
