@@ -78,7 +78,7 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         fingerprints = {name: src.fingerprint() for name, src in raw.items()}
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
-    sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data")
+    sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
     found = None
     if catalog.is_ref(recipe.base):
         found = catalog.resolve(recipe.base).record()

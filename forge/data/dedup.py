@@ -177,6 +177,14 @@ class MinHashLSH:
             best = m if best is None else np.minimum(best, m)
         return (best >> np.uint64(32)).astype(np.uint32)
 
+    def band_keys(self, sigs: np.ndarray) -> np.ndarray:
+        """The band keys of a signature, or of a stack of them (one row each): what the buckets hold."""
+        return self._band_keys(sigs)
+
+    def similar(self, a: np.ndarray, b: np.ndarray) -> bool:
+        """Whether two signatures agree on at least `threshold` of their positions (a near duplicate)."""
+        return np.count_nonzero(a == b) >= self.threshold * self.num_perm
+
     def _band_keys(self, sigs: np.ndarray) -> np.ndarray:
         """One 64-bit key per band (the band index mixed in) for a signature or a stack of them."""
         used = sigs[..., : self.bands * self.rows].astype(np.uint64)
@@ -206,7 +214,7 @@ class MinHashLSH:
         keys = self._band_keys(sig)
         rows = self._buckets.lookup(keys)
         for row in dict.fromkeys(rows[rows >= 0].tolist()):
-            if np.count_nonzero(self._row(row) == sig) >= self.threshold * self.num_perm:
+            if self.similar(self._row(row), sig):
                 return True
         self._add(sig, keys[rows < 0])
         return False

@@ -115,6 +115,15 @@ class HygieneStats:
             out.update(s.as_dict(f"{prefix}.source.{_metric_name(name)}"))
         return out
 
+    def add(self, other: "HygieneStats") -> None:
+        """Add `other`'s counts to these (per source too): the counts of shards, summed."""
+        for k in _COUNTS:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for t, n in other.pii.items():
+            self.pii[t] = self.pii.get(t, 0) + n
+        for name, s in other.sources.items():
+            self.sources.setdefault(name, HygieneStats(pii=dict.fromkeys(self.pii, 0))).add(s)
+
     def to_state(self) -> dict:
         d = {k: getattr(self, k) for k in _COUNTS}
         d["pii"] = dict(self.pii)
@@ -144,15 +153,16 @@ class Hygiene:
     """
 
     def __init__(self, cfg: HygieneConfig | None = None, eval_texts: Iterable[str] = (),
-                 spill_dir: str | os.PathLike | None = None):
+                 spill_dir: str | os.PathLike | None = None, ngrams: NgramIndex | None = None):
         self.cfg = cfg = cfg or HygieneConfig()
         self._types = cfg.pii_types or PII_TYPES
         self._hash = WordHasher()
         self._exact = ExactIndex(spill_dir) if cfg.dedup != "off" else None
         self._near = MinHashLSH(cfg.near_threshold, cfg.num_perm, spill_dir=spill_dir) if cfg.dedup == "near" else None
         self._decontam = None
-        if cfg.ngram:
-            index = NgramIndex(eval_texts, cfg.ngram, cfg.decontam_min_ngram, self._hash)
+        if cfg.ngram:  # `ngrams`: the index already built from the eval texts (a worker gets it)
+            index = ngrams if ngrams is not None else NgramIndex(eval_texts, cfg.ngram, cfg.decontam_min_ngram,
+                                                                 self._hash)
             self._decontam = index if len(index) else None
         self.stats = self._new_stats()
 

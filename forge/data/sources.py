@@ -78,14 +78,33 @@ class Source:
         A bad record raises ForgeError naming file and line, or with on_error: skip is counted."""
         for n, (path, line, item) in enumerate(self._items(), start=1):
             try:
-                if isinstance(item, ForgeError):  # the reader's stand-in for a bad line
-                    raise item
-                text = item if isinstance(item, str) else self._chat_text(item, path, line) \
-                    if self.chat is not None else self._text(item, path, line)
+                text = self.text_of(path, line, item)
             except ForgeError as e:
-                self._skip(path, line, e)
+                self.skip(path, line, e)
                 continue
             yield n, text
+
+    def text_of(self, path, line: int, item: str | dict | ForgeError) -> str:
+        """A read item as the record's text; a bad one raises ForgeError naming file and line."""
+        if isinstance(item, ForgeError):  # the reader's stand-in for a bad line
+            raise item
+        if isinstance(item, str):
+            return item
+        return self._chat_text(item, path, line) if self.chat is not None else self._text(item, path, line)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether workers may read this source by byte ranges of its files (uncompressed JSONL with
+        no record or token budget: a line is a record and a range starts at a line)."""
+        if self.hub is not None or self.saved_dataset is not None or self.max_records or self.max_tokens:
+            return False
+        return all(not _gz(p) and self._format_of(p) == "jsonl" for p in self.files)
+
+    def range_items(self, path: Path, start: int, end: int, first_line: int
+                    ) -> Iterator[tuple[int, str | dict | ForgeError]]:
+        """(line, row) of the JSONL lines starting in bytes [start, end) of `path` (`start` is a
+        line start, `first_line` its line number): what `records` reads there."""
+        return _read_jsonl(path, start, end, first_line)
 
     def rows(self) -> Iterator[tuple[int, str, dict | str | ForgeError]]:
         """Yield (record number, 'file:line N', row) for structured records (SFT and preference
@@ -115,7 +134,8 @@ class Source:
                 for line, item in _read_file(path, self._format_of(path), self.split, self.text_fields, self.name):
                     yield path, line, item
 
-    def _skip(self, path, line: int, error: ForgeError) -> None:
+    def skip(self, path, line: int, error: ForgeError) -> None:
+        """Count a bad record (on_error: skip), or raise it (fail, or past max_errors)."""
         if self.on_error != "skip":
             raise error
         self.skipped[(str(path), line)] = str(error)
@@ -307,10 +327,18 @@ def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
             yield start, "".join(buf).rstrip("\n")
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict | ForgeError]]:
-    """Rows, or a ForgeError in place of a bad line (the caller fails or skips it)."""
+def _read_jsonl(path: Path, start: int = 0, end: int | None = None, first_line: int = 1
+                ) -> Iterator[tuple[int, dict | ForgeError]]:
+    """Rows, or a ForgeError in place of a bad line (the caller fails or skips it); with `start` and
+    `end`, the lines that start in that byte range (`start` at a line start numbered `first_line`)."""
     with (gzip.open(path, "rb") if _gz(path) else open(path, "rb")) as f:
-        for i, raw in enumerate(f, start=1):
+        if start:
+            f.seek(start)
+        pos = start
+        for i, raw in enumerate(f, start=first_line):
+            if end is not None and pos >= end:
+                return
+            pos += len(raw)
             if not raw.strip():
                 continue
             try:

@@ -21,6 +21,7 @@ from forge.base_check import check_base
 from forge.errors import ForgeError
 from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
+from forge.data.parallel import PrepareConfig
 from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
     NAME, DataSource, GeneratedText, Strict,
 )
@@ -127,6 +128,8 @@ class Recipe(Strict):
     data: dict[Annotated[str, Field(pattern=NAME)], DataSource] = Field(min_length=1)
     stages: list[AnyStage] = Field(min_length=1)
     hygiene: HygieneConfig = HygieneConfig()
+    # how data preparation runs (workers, engine): top level, as `data:` maps names to sources
+    prepare: PrepareConfig = PrepareConfig()
     tracking: Tracking = Tracking()
     compute: Compute = Compute()
     parallelism: Parallelism = Parallelism()

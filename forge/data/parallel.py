@@ -1,0 +1,219 @@
+"""Data preparation beyond one core: the recipe's `prepare:` settings, the engine that runs a phase's
+tasks in worker processes (spawned, so safe beside torch and threads), and how a source is cut into
+shards. Shards depend on the data alone, never on the number of workers, so the output does not either.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import get_context, resource_tracker
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal
+
+from pydantic import ConfigDict
+
+from forge.data.hygiene import ConfigError
+from forge.data.sources import Source
+from forge.progress import QUIET_S, progress, say
+
+SHARD_BYTES = 32 << 20  # a shard of a JSONL file: ~30k records, its signatures ~15 MB in a worker
+BATCH_CHARS = 8 << 20   # a shard of records the parent reads (formats that cannot be split by bytes)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """The recipe's top-level `prepare:` section: how data preparation (reading, PII/secret redaction,
+    dedup, tokenization) runs. Not under `data:`, whose keys are the names of sources."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+    workers: int | None = None  # worker processes; None: the cores this process may use
+    engine: Literal["local"] = "local"
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and not 1 <= self.workers <= 4096:
+            raise ConfigError(f"prepare.workers: must be between 1 and 4096 (got {self.workers!r})")
+
+    @property
+    def processes(self) -> int:
+        return self.workers or available_cores()
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _quiet_worker() -> None:
+    # one thread a worker: the workers are the parallelism (a Rust tokenizer would start its own pool)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """While workers start: a spawned process would otherwise run the caller's script again (its
+    `__main__` by path) before taking a task, which every task here, a function of forge, never needs."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+class Engine:
+    """Runs `fn` over tasks in `workers` spawned processes (in this one when 1), results in task
+    order; each phase says what it does and, while it runs, how far it is, at what rate and when it
+    should end. A context manager: the processes start on first use and end with the block. Spawned,
+    not forked (safe beside torch's and the tokenizers' threads); if they cannot start or die, the
+    phase runs here instead, and says so."""
+
+    def __init__(self, workers: int):
+        self.workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+        self._tracker_started = False
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+            if self._tracker_started:  # the semaphore tracker spawning started: leave none behind
+                resource_tracker._resource_tracker._stop()
+
+    def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any], desc: str, total: int,
+            count: Callable[[Any], int] | None = None) -> Iterator[Any]:
+        """`fn(task)` for each task, in order; at most 2 tasks a worker in flight (memory stays bounded
+        when tasks carry records). `count(result)`: the records a result stands for (the rate shown)."""
+        bar = progress(total, desc, unit="shard", seconds=10.0, every=max(1, -(-total // 10)), after=QUIET_S)
+        bar.update(0)
+        started, records = time.monotonic(), 0
+
+        def done(result: Any) -> Any:
+            nonlocal records
+            if count is not None:
+                records += count(result)
+                bar.set_postfix(**{"records/s": f"{records / max(1e-9, time.monotonic() - started):,.0f}"})
+            bar.update(1)
+            return result
+
+        try:
+            if self.workers == 1:
+                for task in tasks:
+                    yield done(fn(task))
+                return
+            queue: list[tuple[Any, Future]] = []
+            for task in tasks:
+                queue.append((task, self._submit(fn, task)))
+                if len(queue) >= 2 * self.workers:
+                    yield done(self._result(fn, *queue.pop(0)))
+            while queue:
+                yield done(self._result(fn, *queue.pop(0)))
+        finally:
+            bar.close()
+
+    def _submit(self, fn: Callable[[Any], Any], task: Any) -> Future | None:
+        if self._pool is None and self.workers > 1:
+            self._tracker_started = resource_tracker._resource_tracker._fd is None
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"), initializer=_quiet_worker)
+        if self._pool is None:
+            return None
+        try:
+            with _main_hidden():  # a worker starts inside submit; it needs forge's modules only
+                return self._pool.submit(fn, task)
+        except BrokenProcessPool:
+            return None
+
+    def _result(self, fn: Callable[[Any], Any], task: Any, future: Future | None) -> Any:
+        if future is not None:
+            try:
+                return future.result()
+            except BrokenProcessPool:
+                pass
+        if self.workers > 1:
+            say("data: the worker processes could not start or died; preparing in this process")
+            self.workers = 1
+            self.__exit__()
+        return fn(task)
+
+
+# ------------------------------------------------------------------------------------- shards
+@dataclass(frozen=True)
+class Shard:
+    """Part of a source: the lines starting in bytes [start, end) of one JSONL file, read by the
+    worker itself, or records the parent read (`records`, already numbered)."""
+
+    source: Source
+    index: int  # its position among the source's shards
+    path: Path | None = None
+    start: int = 0
+    end: int = 0
+    first_line: int = 1
+    records: tuple[tuple[int, str], ...] | None = None
+
+    def items(self) -> Iterator[tuple[Path | str, int, Any]]:
+        """(path, line, item) for a byte range: the worker converts each to text itself."""
+        assert self.path is not None
+        for line, item in self.source.range_items(self.path, self.start, self.end, self.first_line):
+            yield self.path, line, item
+
+
+def file_shards(source: Source, start_index: int = 0) -> list[Shard]:
+    """A splittable source's byte-range shards: SHARD_BYTES each, cut at line starts, numbered."""
+    shards: list[Shard] = []
+    for path in source.files:
+        size = path.stat().st_size
+        n = max(1, math.ceil(size / SHARD_BYTES))
+        cuts = [0]
+        with open(path, "rb") as f:
+            for k in range(1, n):
+                f.seek(k * size // n)
+                f.readline()
+                if cuts[-1] < f.tell() < size:
+                    cuts.append(f.tell())
+        cuts.append(size)
+        lines = _line_numbers(path, cuts[:-1])
+        shards += [Shard(source, start_index + len(shards) + i, path, a, b, line)
+                   for i, (a, b, line) in enumerate(zip(cuts, cuts[1:], lines))]
+    return shards
+
+
+def _line_numbers(path: Path, offsets: list[int]) -> list[int]:
+    """The line number at each byte offset (each a line start), from one pass counting newlines."""
+    out, n, pos = [], 0, 0
+    with open(path, "rb") as f:
+        for off in offsets:
+            while pos < off:
+                chunk = f.read(min(1 << 24, off - pos))
+                n, pos = n + chunk.count(b"\n"), pos + len(chunk)
+            out.append(n + 1)
+    return out
+
+
+def record_shards(source: Source) -> Iterator[Shard]:
+    """Shards of records read here (a format that cannot be split by bytes, or a budgeted source):
+    BATCH_CHARS of text each, in order."""
+    batch: list[tuple[int, str]] = []
+    chars, index = 0, 0
+    for number, text in source.records():
+        batch.append((number, text))
+        chars += len(text)
+        if chars >= BATCH_CHARS:
+            yield Shard(source, index, records=tuple(batch))
+            batch, chars, index = [], 0, index + 1
+    if batch or index == 0:
+        yield Shard(source, index, records=tuple(batch))
