@@ -383,6 +383,9 @@ class RftStage(PostTrainSettings):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.0, ge=0, description="KL penalty toward the input checkpoint; 0 = none")
     updates_per_rollout: int = Field(1, ge=1, le=64, description="optimizer steps on each batch of rollouts")
+    reward_norm: Literal["sum", "per_reward"] = Field("sum", description="sum: the weighted sum normalised in its group "
+                                                      "(GRPO); per_reward: each reward normalised in its group, then "
+                                                      "the weighted sum normalised over the batch (GDPO, Liu et al. 2026)")
     generation: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers generate with sampling; vllm: vLLM's offline engine, weights synced each rollout")
     vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="vllm: share of GPU memory its engine may take")

@@ -6,7 +6,8 @@ whose messages are the prompt and whose id, reference_answer and other fields go
 `group` completions per prompt sampled with Hugging Face `generate` or, with `generation: vllm`,
 vLLM's offline engine (forge.lm.generation), scored by the recipe's reward sources
 (forge.lm.rewards; weighted sum; a Nova-protocol source's metrics_list values are logged as
-reward.<source>.<type>.<name>). Advantages are the rewards normalised within each prompt's group.
+reward.<source>.<type>.<name>). Advantages are the rewards normalised within each prompt's group
+(with `reward_norm: per_reward`, each reward on its own first: GDPO).
 The objective is the clipped policy ratio against the rollout's log-probs, averaged over completion
 tokens, plus `kl_beta` times the k3 KL estimate toward the input checkpoint (Schulman 2020). The policy takes
 `updates_per_rollout` optimizer steps per rollout. Its own part of the loop (forge.train.loop.fit):
@@ -70,6 +71,14 @@ def advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
     return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).view(-1)
 
 
+def decoupled_advantages(rewards: list[torch.Tensor], weights: list[float], group: int) -> torch.Tensor:
+    """GDPO (Liu et al. 2026, arXiv:2601.05242 §3): each reward normalised within its group, the
+    weighted sum of those, normalised over the batch; several rewards keep their own resolution
+    instead of collapsing into one sum."""
+    summed = sum((w * advantages(r, group) for r, w in zip(rewards, weights)), torch.zeros_like(rewards[0]))
+    return (summed - summed.mean()) / (summed.std() + 1e-4) if len(summed) > 1 else summed - summed.mean()
+
+
 class Rollouts:
     """The current rollout: `group` completions of each prompt with their rewards, advantages and
     log-probs (rollout policy and KL reference), made anew every `updates_per_rollout` steps."""
@@ -116,8 +125,10 @@ class Rollouts:
                     self.metrics.setdefault(f"reward.{self.labels[rw.source]}.{name}", []).extend(
                         v for v in values if v is not None)
             total = torch.tensor([sum(rw.weight * scores[rw.source][i] for rw in self.rewards) for i in range(len(texts))])
+            adv = advantages(total, stage.group) if stage.reward_norm == "sum" else decoupled_advantages(
+                [torch.tensor(scores[rw.source]) for rw in self.rewards], [rw.weight for rw in self.rewards], stage.group)
             micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": cmask.float(),
-                     "old": token_logps(model, seqs, mask, width), "adv": advantages(total, stage.group).to(s.device),
+                     "old": token_logps(model, seqs, mask, width), "adv": adv.to(s.device),
                      "targets": torch.tensor(int(cmask.sum()))}
             if self.ref is not None:
                 micro["ref"] = token_logps(self.ref, seqs, mask, width)

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from forge.cli import main
 from forge.inputs import resolve_source
@@ -157,8 +158,9 @@ def test_rft_trains_on_a_nova_reward_and_logs_its_metrics(tmp_path, tiny_checkpo
                                         "reference_answer": {"n": i}}) + "\n" for i in range(8)))
     data = DataSource(path=str(path), holdout=0.0, chat={"kind": "openai_rft"})
     stage = RftStage(name="rft", kind="rft", data=["p"], max_steps=2, seq_len=64, batch_size=2, group=2,
-                     max_new_tokens=6, log_every=1, optim={"lr": 1e-3},
-                     rewards=[{"source": f"{HERE / 'nova_rewards.py'}:e_share", "protocol": "nova", "timeout_s": 30}])
+                     max_new_tokens=6, log_every=1, optim={"lr": 1e-3}, reward_norm="per_reward",
+                     rewards=[{"source": f"{HERE / 'nova_rewards.py'}:e_share", "protocol": "nova", "timeout_s": 30},
+                              {"source": f"{HERE / 'rft_rewards.py'}:e_share", "weight": 0.5, "timeout_s": 30}])
     tracker = Recorder()
     result = run_stage(stage, tiny_checkpoint, {"p": resolve_source("p", data, tmp_path)}, tmp_path / "o", tracker)
     rows = [m for _, m in tracker.rows if "reward_mean" in m]
@@ -166,4 +168,19 @@ def test_rft_trains_on_a_nova_reward_and_logs_its_metrics(tmp_path, tiny_checkpo
     assert {"reward.e_share.metric.length", "reward.e_share.reward.e_share"} <= set(rows[-1])
     assert rows[-1]["reward.e_share.reward.e_share"] == pytest.approx(rows[-1]["reward.e_share.mean"])
     assert rows[-1]["reward.e_share.metric.length"] > 0
+    assert {"reward.e_share_2.mean", "reward.e_share_2.std", "reward.e_share.std"} <= set(rows[-1])  # each reward's own
     assert (result.checkpoint / "model.safetensors").is_file()
+
+
+def test_per_reward_normalisation_keeps_each_rewards_resolution():
+    """The GDPO paper's case: two 0/1 rewards, groups of 2 rollouts; group 1 scores (0,1) vs (0,0),
+    group 2 (1,1) vs (0,0). The plain sum gives both groups the same advantages; per reward, the
+    rollout that earned both rewards gets the larger one."""
+    from forge.stages.rft import advantages, decoupled_advantages
+
+    first, second = torch.tensor([0.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 0.0, 1.0, 0.0])
+    summed = advantages(first + second, 2)
+    assert summed[0].item() == pytest.approx(summed[2].item(), abs=1e-3)  # collapsed
+    split = decoupled_advantages([first, second], [1.0, 1.0], 2)
+    assert split[2] > split[0] + 0.4 > 0.4 and split[3] < split[1] < 0
+    assert split.mean().item() == pytest.approx(0.0, abs=1e-5) and split.std().item() == pytest.approx(1.0, abs=1e-3)
