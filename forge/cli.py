@@ -281,7 +281,9 @@ LAZY = {"plan": ("forge.plan.command",
         "catalog": ("forge.catalog.command", "foundation families: phase checkpoints and curated data"),
         "ui": ("forge.ui", "open the MLflow UI on a run's store"),
         "data": ("forge.data.check_command", "check a data file against a record format (bedrock, openai, openai_rft, ...)"),
-        "reward": ("forge.lm.reward_command", "verify a reward source (a Nova Lambda too) on sample rows")}
+        "reward": ("forge.lm.reward_command", "verify a reward source (a Nova Lambda too) on sample rows"),
+        "launch": ("forge.plan.launch.command",
+                   "write a torchrun, Slurm, Kubernetes or SageMaker job that runs a recipe in the plan's layout")}
 
 
 def _add_recipe_commands(sub) -> None:

@@ -1,0 +1,119 @@
+"""`forge launch`: write, from the plan's layout, a job the user's engine runs unchanged.
+
+    forge launch recipes/acme.yaml --engine torchrun --target h100:16 --out jobs/acme
+    forge launch recipes/acme.yaml --engine slurm --target p5.48xlarge --nodes 4 --out jobs/acme
+    forge launch recipes/acme.yaml --engine kubernetes --target trn2 --image REPO/forge:1 --out jobs/acme
+    forge launch recipes/acme.yaml --engine sagemaker --target trn2.48xlarge --nodes 2 --out jobs/acme \
+        --s3 s3://bucket/acme --role-arn arn:aws:iam::123456789012:role/sm [--submit]
+
+Every job runs `forge run RECIPE` with the plan's chip count, target and stack as overrides (and
+the parallelism strategy where the recipe schema has it). The layout is checked before anything is
+written; OUT gets the engine's files and launch.json (the plan beside what was launched).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from forge.errors import ForgeError
+from forge.progress import say
+
+ENGINES = ("torchrun", "slurm", "kubernetes", "sagemaker")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="recipe YAML the job runs")
+    parser.add_argument("--engine", required=True, choices=ENGINES)
+    parser.add_argument("--target", required=True, help="NAME[:CHIPS] as in forge plan --target (trn2, h100:16, ...)")
+    parser.add_argument("--nodes", type=int, help="nodes (instances) to run on (default: as many as the plan needs)")
+    parser.add_argument("--out", required=True, help="folder the job files are written to")
+    parser.add_argument("--image", help="container image (kubernetes, sagemaker); default: the target's DLC")
+    parser.add_argument("--workdir", default="/workspace", help="kubernetes: where the pods see the checkout and data")
+    parser.add_argument("--volume-claim", default="forge-work", help="kubernetes: the PVC mounted at --workdir")
+    parser.add_argument("--s3", help="sagemaker: s3://BUCKET/PREFIX for the channels, output and checkpoints")
+    parser.add_argument("--role-arn", help="sagemaker: the job's execution role")
+    parser.add_argument("--region", default="us-east-1", help="sagemaker: the job's region")
+    parser.add_argument("--job-name", help="sagemaker: the training job's name (default: forge-RECIPE-TIME)")
+    parser.add_argument("--instance-type", help="sagemaker: override the ml.* instance type")
+    parser.add_argument("--submit", action="store_true", help="sagemaker: upload the channels and create the job (boto3)")
+
+
+def header(launch) -> list[str]:
+    head = [f"forge launch {launch.recipe}: {launch.nodes} node(s) x {launch.chips_per_node} {launch.chip} "
+            f"({launch.chips} chips, {launch.world} processes, {launch.strategy}, stack {launch.stack})"]
+    for p in launch.plans:
+        head.append(f"plan {p.stage}: {p.layout} on {p.target} x{p.chips}, {p.step_time_s:.3g} s/step, "
+                    f"{p.hours:,.2f} h, ${p.cost_usd:,.0f}")
+    return head + [f"note: {n}" for n in launch.notes]
+
+
+def render(args, launch, recipe) -> tuple[dict[str, str], tuple | None]:
+    """Every file of the job (nothing written yet), and for SageMaker (request, inputs, entry script)."""
+    from forge.plan.launch import kubernetes, slurm, torchrun
+    from forge.plan.launch.layout import engine_data
+
+    info = engine_data()["chips"][launch.chip]
+    head = header(launch)
+    if args.engine != "torchrun" and launch.target == "local":
+        raise ForgeError(f"--engine {args.engine} runs on a cluster; --target local is this machine (use --engine torchrun)")
+    if args.engine == "torchrun":
+        return torchrun.render(launch, head), None
+    if args.engine == "slurm":
+        return slurm.render(launch, head, bool(info["slurm_gpus"])), None
+    if args.engine == "kubernetes":
+        image = args.image or engine_data()["images"][info["image"]].format(region=args.region)
+        return kubernetes.render(launch, head, image, args.workdir, args.volume_claim, info["k8s_resource"]), None
+    return _sagemaker(args, launch, recipe)
+
+
+def _sagemaker(args, launch, recipe) -> tuple[dict[str, str], tuple]:
+    from forge.plan.launch import sagemaker
+
+    missing = [f for f in ("s3", "role_arn") if not getattr(args, f, None)]
+    if missing:
+        raise ForgeError(f"--engine sagemaker needs {' and '.join('--' + m.replace('_', '-') for m in missing)}")
+    name = args.job_name or f"forge-{launch.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    opts = sagemaker.Options(args.s3, args.role_arn, args.region, name.replace("_", "-").replace(".", "-")[:63],
+                             args.image or "", args.instance_type or "")
+    req, inputs = sagemaker.request(launch, recipe, opts)
+    entry = sagemaker.entry_script(launch, Path(launch.recipe).name, sagemaker.moved_overrides(recipe, inputs))
+    return {sagemaker.REQUEST: json.dumps(req, indent=2) + "\n", sagemaker.ENTRY: entry}, (req, inputs, entry)
+
+
+def run(args) -> int:
+    from forge.plan.launch.layout import plan_launch
+    from forge.recipe import load_recipe
+
+    say(f"forge launch {args.recipe}: planning a {args.engine} job on {args.target}")
+    recipe = load_recipe(args.recipe)
+    launch = plan_launch(args.recipe, args.target, args.nodes, recipe=recipe)
+    if args.submit and args.engine != "sagemaker":
+        raise ForgeError(f"--submit starts SageMaker jobs; a {args.engine} job is started with its engine's own command")
+    files, job = render(args, launch, recipe)   # every refusal comes before this point
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files["launch.json"] = json.dumps(launch.record(), indent=2, default=str) + "\n"
+    for name, text in files.items():
+        (out / name).write_text(text)
+        if name.endswith((".sh", ".sbatch")):
+            (out / name).chmod(0o755)
+    for line in header(launch):
+        print(line)
+    print(f"wrote {', '.join(str(out / n) for n in files)}")
+    if args.submit and job is not None:
+        print(f"started {_submit(args, launch, job)}")
+    return 0
+
+
+def _submit(args, launch, job: tuple) -> str:
+    import boto3
+
+    from forge.plan.launch import sagemaker
+
+    req, inputs, entry = job
+    objects = sagemaker.uploads(req, launch.recipe, inputs, entry)
+    say(f"uploading {len(objects)} object(s) under {args.s3} and creating training job {req['TrainingJobName']}")
+    session = boto3.session.Session(region_name=args.region)
+    return sagemaker.submit(req, objects, session.client("sagemaker"), session.client("s3"))

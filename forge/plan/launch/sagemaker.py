@@ -1,0 +1,167 @@
+"""SageMaker training jobs (ml.trn2 / ml.trn3 with the Neuron deep-learning container, ml.p5 with the
+PyTorch one): a `CreateTrainingJob` request whose input channels are the recipe, its local data and
+base, and forge's source; validated against botocore's service model; submitted with boto3 only
+when asked. The job runs forge-launch.sh (in the code channel): install forge, then torchrun on each
+instance with the node rank SageMaker's resourceconfig.json gives."""
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge.errors import ForgeError
+from forge.plan.launch.layout import PORT, Launch, engine_data
+from forge.plan.launch.torchrun import shell_word
+
+REQUEST = "create-training-job.json"
+ENTRY = "forge-launch.sh"
+CODE_TAR = "forge-src.tar.gz"
+ML = "/opt/ml/input/data"
+CHECKPOINTS = "/opt/ml/checkpoints"
+MAX_RUNTIME = 28 * 24 * 3600          # SageMaker's longest training job
+HOSTS = "import json;c=json.load(open('/opt/ml/input/config/resourceconfig.json'));"
+
+
+@dataclass(frozen=True)
+class Options:
+    s3: str                   # s3://bucket/prefix: channels, output and checkpoints live under it
+    role_arn: str
+    region: str
+    job_name: str
+    image: str = ""           # default: the family's image (engines.yaml)
+    instance_type: str = ""   # default: the system's (engines.yaml)
+
+
+def instance_type(launch: Launch, asked: str) -> str:
+    kind = asked or engine_data()["sagemaker_instances"].get(launch.target, "")
+    if not kind:
+        raise ForgeError(f"--engine sagemaker: no SageMaker training instance type is known for {launch.target} "
+                         "(botocore's TrainingInstanceType has none yet); pass --instance-type ml.<type> once one exists")
+    return kind
+
+
+def _local_inputs(recipe) -> dict[str, Path]:
+    """Channel name -> local file or folder the job needs: each data source's `path`, a local base."""
+    out = {}
+    for name, src in recipe.data.items():
+        if src.path is None:
+            continue
+        if any(ch in src.path for ch in "*?["):
+            raise ForgeError(f"data.{name}.path {src.path!r} is a glob; a SageMaker launch uploads a file or a folder")
+        out[f"data-{name}"] = Path(src.path)
+    if isinstance(recipe.base, str) and Path(recipe.base).exists():
+        out["base"] = Path(recipe.base)
+    return out
+
+
+def _channel(name: str, uri: str) -> dict:
+    return {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}}
+
+
+def moved_overrides(recipe, inputs: dict[str, Path]) -> tuple[str, ...]:
+    """Overrides pointing the recipe's local inputs at their channels, and its output at the
+    checkpoint folder SageMaker syncs to S3."""
+    out = [f"output={CHECKPOINTS}/{recipe.name}"]
+    for channel, path in inputs.items():
+        where = f"{ML}/{channel}/{path.name}"
+        out.append(f"base={where}" if channel == "base" else f"data.{channel[5:]}.path={where}")
+    return tuple(out)
+
+
+def entry_script(launch: Launch, recipe_file: str, moved: tuple[str, ...]) -> str:
+    """forge-launch.sh: what each instance runs."""
+    args = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node", str(launch.procs_per_node),
+            "--node-rank", "$NODE_RANK", "--master-addr", "$HEAD", "--master-port", str(PORT),
+            *launch.run_args(f"{ML}/recipe/{recipe_file}", moved)]
+    words = " ".join(f'"{w}"' if w.startswith("$") else shell_word(w) for w in args)
+    return "\n".join([
+        "#!/usr/bin/env bash", f"# forge launch: {launch.recipe} on {launch.target} ({launch.nodes} instance(s))",
+        "set -euo pipefail", f"pip install --quiet {ML}/code/{CODE_TAR}",
+        f'NODE_RANK=$(python -c "{HOSTS}print(sorted(c[\'hosts\']).index(c[\'current_host\']))")',
+        f'HEAD=$(python -c "{HOSTS}print(sorted(c[\'hosts\'])[0])")', f"exec {words}", ""])
+
+
+def request(launch: Launch, recipe, opts: Options) -> tuple[dict, dict[str, Path]]:
+    """(the CreateTrainingJob request, the local files each channel uploads); raises ForgeError
+    unless botocore's model accepts the request."""
+    s3 = opts.s3.rstrip("/")
+    if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", s3):
+        raise ForgeError(f"--s3 {opts.s3!r}: expected s3://BUCKET[/PREFIX]")
+    inputs = _local_inputs(recipe)
+    family = engine_data()["chips"][launch.chip]["image"]
+    image = opts.image or engine_data()["images"][family].format(region=opts.region)
+    channels = [_channel("recipe", f"{s3}/recipe/"), _channel("code", f"{s3}/code/")]
+    channels += [_channel(name, f"{s3}/{name}/") for name in inputs]
+    hours = max((p.hours for p in launch.plans), default=0.0)
+    req = {
+        "TrainingJobName": opts.job_name, "RoleArn": opts.role_arn,
+        "AlgorithmSpecification": {"TrainingImage": image, "TrainingInputMode": "File",
+                                   "ContainerEntrypoint": ["bash", f"{ML}/code/{ENTRY}"]},
+        "InputDataConfig": channels,
+        "OutputDataConfig": {"S3OutputPath": f"{s3}/output/"},
+        "ResourceConfig": {"InstanceType": instance_type(launch, opts.instance_type), "InstanceCount": launch.nodes,
+                           "VolumeSizeInGB": 500},
+        "StoppingCondition": {"MaxRuntimeInSeconds": int(min(MAX_RUNTIME, 3600 + 2 * hours * 3600))},
+        "CheckpointConfig": {"S3Uri": f"{s3}/checkpoints/", "LocalPath": CHECKPOINTS},
+        "Environment": {"TOKENIZERS_PARALLELISM": "false"},
+        "Tags": [{"Key": "forge:recipe", "Value": launch.name[:256]}, {"Key": "forge:target", "Value": launch.target}],
+    }
+    bad = problems(req)
+    if bad:
+        raise ForgeError(f"{REQUEST}: botocore's sagemaker model refuses the request: {bad[0]}")
+    return req, inputs
+
+
+def problems(req: dict) -> list[str]:
+    """Where `req` breaks botocore's CreateTrainingJob input shape."""
+    import botocore.session
+
+    from forge.plan.launch.shape import shape_problems
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return shape_problems(req, model.operation_model("CreateTrainingJob").input_shape, "")
+
+
+def code_archive() -> bytes:
+    """forge's source (pyproject.toml, README.md, forge/, pipelines/) as the code channel's tarball."""
+    import forge
+
+    root = Path(forge.__file__).resolve().parent.parent
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name in ("pyproject.toml", "README.md", "forge", "pipelines"):
+            if (root / name).exists():
+                tar.add(root / name, arcname=f"forge-src/{name}",
+                        filter=lambda t: None if "__pycache__" in t.name or t.name.endswith(".pyc") else t)
+    return buf.getvalue()
+
+
+def uploads(req: dict, recipe_path: str, inputs: dict[str, Path], entry: str) -> list[tuple[str, str, bytes]]:
+    """(bucket, key, bytes) of every object the job reads: recipe, entry script, code, inputs."""
+    def where(channel: str) -> tuple[str, str]:
+        uri = next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"] if c["ChannelName"] == channel)
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        return bucket, key
+
+    out = []
+    bucket, key = where("recipe")
+    out.append((bucket, key + Path(recipe_path).name, Path(recipe_path).read_bytes()))
+    bucket, key = where("code")
+    out += [(bucket, key + ENTRY, entry.encode()), (bucket, key + CODE_TAR, code_archive())]
+    for channel, path in inputs.items():
+        bucket, key = where(channel)
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        base = path.parent
+        out += [(bucket, key + str(f.relative_to(base)), f.read_bytes()) for f in files]
+    return out
+
+
+def submit(req: dict, objects: list[tuple[str, str, bytes]], sagemaker_client, s3_client) -> str:
+    """Upload the channels' objects, then create the job; returns its ARN. Nothing about the caller's
+    credentials is printed or returned."""
+    for bucket, key, body in objects:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+    return str(sagemaker_client.create_training_job(**req)["TrainingJobArn"])
