@@ -39,11 +39,37 @@ def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
         kwargs["position_ids"] = batch["position_ids"]
     elif "attention_mask" in batch:
         kwargs["attention_mask"] = batch["attention_mask"]
-    logits = model(**kwargs).logits[:, :-1].float()
-    labels = batch["labels"][:, 1:].to(logits.device)
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                            ignore_index=IGNORE, reduction="sum")
-    return total, (labels != IGNORE).sum()
+    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
+    body_head = _body_and_head(model)
+    if body_head is None:
+        logits = model(**kwargs).logits[:, :-1].float()
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                ignore_index=IGNORE, reduction="sum")
+        return total, (labels != IGNORE).sum()
+    body, head = body_head
+    hidden = body(**kwargs).last_hidden_state[:, :-1]
+    keep = labels != IGNORE  # the head and the softmax only where a loss is taken (SFT: the answers)
+    total = F.cross_entropy(head(hidden[keep]).float(), labels[keep], reduction="sum")
+    return total, keep.sum()
+
+
+# causal LMs whose logits are exactly lm_head(last hidden state): no softcapping, scaling or router loss
+_PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3", "gpt_neox"})
+
+
+def _body_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+    """(decoder, LM head) of a plain single-process causal LM (or a PEFT model of one), else None:
+    a DDP or FSDP wrapper must run its own forward, and other heads may transform the logits."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEADS or not hasattr(model, "get_decoder"):
+        return None
+    if any(type(m).__name__.startswith("FSDP") for m in (model, *model.children())):
+        return None
+    try:
+        body, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (body, head) if body is not None and head is not None else None
 
 
 def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
