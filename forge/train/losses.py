@@ -65,8 +65,9 @@ def _body_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
         return None
     if any(type(m).__name__.startswith("FSDP") for m in (model, *model.children())):
         return None
+    plain: Any = model  # a transformers model, typed as a Module here
     try:
-        body, head = model.get_decoder(), model.get_output_embeddings()
+        body, head = plain.get_decoder(), plain.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return None
     return (body, head) if body is not None and head is not None else None
