@@ -5,6 +5,7 @@ when asked. The job runs forge-launch.sh (in the code channel): install forge, t
 instance with the node rank SageMaker's resourceconfig.json gives."""
 from __future__ import annotations
 
+import functools
 import io
 import re
 import tarfile
@@ -115,16 +116,21 @@ def request(launch: Launch, recipe, opts: Options) -> tuple[dict, dict[str, Path
     return req, inputs
 
 
-def problems(req: dict) -> list[str]:
-    """Where `req` breaks botocore's CreateTrainingJob input shape."""
+@functools.lru_cache(maxsize=1)
+def _input_shape():
     import botocore.session
 
+    return botocore.session.get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob").input_shape
+
+
+def problems(req: dict) -> list[str]:
+    """Where `req` breaks botocore's CreateTrainingJob input shape."""
     from forge.plan.launch.shape import shape_problems
 
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return shape_problems(req, model.operation_model("CreateTrainingJob").input_shape, "")
+    return shape_problems(req, _input_shape(), "")
 
 
+@functools.lru_cache(maxsize=1)
 def code_archive() -> bytes:
     """forge's source (pyproject.toml, README.md, forge/, pipelines/) as the code channel's tarball."""
     import forge
