@@ -261,15 +261,17 @@ def _post(url: str, body: bytes, deadline: Deadline) -> bytes:
 
 
 def reward_label(source: str) -> str:
-    """A short name for metric keys: the function of `file.py:fn` / `module:fn`, the Lambda
-    function's name, or the endpoint's host and path."""
+    """A short name for metric keys: the function of `file.py:fn` / `module:fn` (the file's or
+    module's name for a `lambda_handler`), the Lambda function's name, or the endpoint's host and path."""
     if source.startswith(("http://", "https://")):
         label = source.split("://", 1)[1].split("?", 1)[0].rstrip("/")
     elif source.startswith("lambda:"):
         name = source.removeprefix("lambda:")  # a name, name:qualifier, or arn:aws:lambda:REGION:ACCOUNT:function:NAME
         label = name.split(":")[6] if name.startswith("arn:") and name.count(":") >= 6 else name.split(":")[0]
     else:
-        label = source.rpartition(":")[2]
+        target, _, label = source.rpartition(":")
+        if label == "lambda_handler":  # Nova's handler name says nothing: the file's (or module's) name does
+            label = Path(target).stem if target.endswith(".py") else target.rpartition(".")[2]
     return re.sub(r"[^A-Za-z0-9_./-]+", "_", label) or "reward"
 
 

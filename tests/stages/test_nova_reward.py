@@ -57,6 +57,7 @@ def test_a_nova_lambda_runs_unchanged_as_a_local_file():
         assert reward(["p"] * 2, REPLIES, FIELDS, 1, CHATS) == pytest.approx([1.0, 1 / 3])
         assert reward.metrics["metric.words"] == [6.0, 3.0]
         assert reward.metrics["reward.full_stop"] == [1.0, 0.0]
+        assert reward.label == "nova_lambda"  # a lambda_handler is named by its file
     with Reward(source(f"{HERE / 'nova_rewards.py'}:remaining")) as reward:  # a Lambda-like context
         assert reward(["p"], ["x"], {}, 1) == [1.0] and "metric.remaining" in reward.metrics
 
