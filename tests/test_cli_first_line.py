@@ -61,13 +61,14 @@ def recipe(tmp_path_factory):
     ["deploy", "{tmp}/exported", "--s3-uri", "s3://bucket/x", "--role-arn", "arn:aws:iam::1:role/r", "--dry-run"],
     ["ui", "--output", "{tmp}"],
     ["catalog", "list"],
+    ["launch", "{recipe}", "--engine", "torchrun", "--target", "h100:16", "--out", "{tmp}/job"],
 ])
 def test_the_first_line_comes_before_the_heavy_libraries(command, recipe, tmp_path):
     args = [a.format(recipe=recipe, tmp=tmp_path) for a in command]
     got = first_line(args, tmp_path)
     assert got["line"], f"forge {command[0]} printed nothing"
     assert got["heavy"] == [], f"forge {command[0]}: {got['heavy']} loaded before its first line {got['line']!r}"
-    if command[0] in ("run", "eval", "export", "deploy", "ui"):  # the commands whose work is slow say what it is
+    if command[0] in ("run", "eval", "export", "deploy", "ui", "launch"):  # the commands whose work is slow say what it is
         assert got["line"].startswith(f"forge {command[0]}"), got["line"]
 
 

@@ -6,6 +6,7 @@
     forge plan --model ./ckpt --tokens 2B --target trn2 --deadline 24 --budget 5000
     forge plan --model llama-3.1-70b              (parameter counts and memory per precision)
     forge plan --anchors                          (replay published runs: predicted vs published)
+    forge plan --anchors --leave-one-out          (each anchor predicted from a fit that did not see it)
     forge plan --calibrate --runs RUNS_DIR        (fit the local machine; writes RUNS_DIR/calibration.yaml,
                                                    which runs and plans of a recipe writing to RUNS_DIR use)
     forge plan --model ./ckpt --tokens 1M --calibration RUNS_DIR/calibration.yaml
@@ -71,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "output folder)")
     parser.add_argument("--list-targets", action="store_true", help="list known targets and exit")
     parser.add_argument("--anchors", action="store_true", help="replay published training runs (anchors.yaml)")
+    parser.add_argument("--leave-one-out", action="store_true", help="with --anchors: refit the fitted figures "
+                        "without each anchor and predict it from that fit (out-of-sample errors)")
     parser.add_argument("--calibrate", action="store_true", help="fit the local machine from recorded runs")
     parser.add_argument("--runs", metavar="DIR", help="a run's output folder or a workspace of runs (--calibrate)")
     g = parser.add_argument_group("planning without a recipe")
@@ -189,6 +192,32 @@ def _plan_recipe(args, stack):
     return plans, rate
 
 
+def _anchors(leave_one_out: bool) -> int:
+    """The anchors replayed; with leave_one_out each predicted from a refit without it (exit 1 when
+    one misses +-20% out of sample)."""
+    from forge.plan.anchors import format_replays, replay_all
+
+    if not leave_one_out:
+        print(format_replays(replay_all()), end="")
+        return 0
+    from forge.plan.holdout import format_holdouts, full_fit, leave_one_out as loo
+
+    say("refitting the planner's fitted figures without each anchor in turn")
+    rows = loo()
+    print(format_holdouts(rows, full_fit()), end="")
+    return 0 if all(h.within for h in rows) else 1
+
+
+def _say_launchable(plans) -> None:
+    """A plan on a stack forge's loop does not run says so, and names the stack forge launch runs."""
+    from forge.plan.launch.layout import forge_runs, launch_stack
+
+    for p in plans:
+        if p.stack and not forge_runs(p.stack):
+            p.notes.append(f"forge does not run the {p.stack} stack; `forge launch` runs {launch_stack(p.stack)} "
+                           f"(plan it with --stack {launch_stack(p.stack)})")
+
+
 def run(args) -> int:
     validate(args)
     extra = tuple(getattr(args, "hardware", []) or ())
@@ -203,10 +232,9 @@ def run(args) -> int:
     if getattr(args, "calibrate", False):
         return _calibrate(args)
     if getattr(args, "anchors", False):
-        from forge.plan.anchors import format_replays, replay_all
-
-        print(format_replays(replay_all()), end="")
-        return 0
+        return _anchors(getattr(args, "leave_one_out", False))
+    if getattr(args, "leave_one_out", False):
+        raise ForgeError("--leave-one-out checks the anchors: give it with --anchors")
     stack, rate = getattr(args, "stack", None), None
     if getattr(args, "model", None):
         config = load_model_config(args.model)
@@ -224,6 +252,7 @@ def run(args) -> int:
     else:
         raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")
     _refuse_absurd(plans)
+    _say_launchable(plans)
     if args.json:
         print(to_json(plans))
     else:

@@ -5,6 +5,8 @@ the chip and precision (hardware.yaml), so the two are never counted twice.
 """
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,16 @@ class Stack:
 
 
 def load_stacks() -> dict:
+    try:
+        stamp = STACKS_FILE.stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    return copy.deepcopy(_parse(stamp))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(stamp: int) -> dict:
+    """stacks.yaml parsed once per version of the file (a plan builds a stack for every layout search)."""
     return (yaml.load(STACKS_FILE.read_text(), Loader=FAST) or {}).get("stacks", {})
 
 

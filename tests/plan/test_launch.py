@@ -134,3 +134,12 @@ def test_the_recipe_strategy_is_kept_and_the_stack_forge_runs_is_named(recipe, t
     code, record = launch(recipe, tmp_path, "torchrun", "trn2")
     assert code == 0 and record["stack"] == "torchneuron" and record["backend"] == "neuron"
     assert any("forge does not run the neuron stack" in n for n in record["notes"])
+
+
+def test_a_plan_on_a_stack_forge_does_not_run_says_so(capsys):
+    args = ["plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--target", "h100:8"]
+    assert main([*args, "--stack", "megatron"]) == 0
+    assert "forge does not run the megatron stack; `forge launch` runs fsdp (plan it with --stack fsdp)" in \
+        capsys.readouterr().out
+    assert main([*args, "--stack", "fsdp"]) == 0
+    assert "forge does not run" not in capsys.readouterr().out

@@ -34,6 +34,9 @@ def test_every_anchor_is_sourced_and_complete():
 def test_each_anchor_within_20_percent_and_the_median_within_10(replays):
     for r in replays:
         assert not r.reason, (r.name, r.reason)
+        if r.known_miss:  # a published run forge's model misses, said in anchors.yaml (it widens the band)
+            assert not 0.8 <= r.ratio <= 1.2, (r.name, r.ratio, "no longer a miss: drop its known_miss")
+            continue
         assert 0.8 <= r.ratio <= 1.2, (r.name, r.ratio)
     assert 0.9 <= statistics.median(r.ratio for r in replays) <= 1.1
 
