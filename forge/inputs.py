@@ -2,7 +2,7 @@
 cleaned by hygiene), and the base checkpoint (a folder, or a tiny model built from a config)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forge import catalog
@@ -18,8 +18,6 @@ from forge.scratch import build_scratch_base, scratch_key
 def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     """A recipe data source as a readable Source (writing generated text first if asked); a source
     of chat records carries its FormatSpec (SFT and preference stages read it)."""
-    from dataclasses import replace
-
     src = _resolve_files(name, cfg, generated_dir)
     return src if cfg.chat is None else replace(src, chat=cfg.chat)
 
@@ -79,6 +77,8 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
+    # what stages read is encoded once, by the workers, into token caches beside the data
+    sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}
     found = None
     if catalog.is_ref(recipe.base):
         found = catalog.resolve(recipe.base).record()

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
-from forge.data.head_encode import HeadCutter
 from forge.data.sources import Source
+from forge.data.tokencache import WINDOW_CHARS, Encoder, token_cache, worth_caching
 from forge.errors import ForgeError
 
 ENCODE_BATCH = 512
-WINDOW_CHARS = 1 << 20  # a longer document is encoded a window at a time: memory follows the window
+WINDOW_CHARS = WINDOW_CHARS  # a longer document is encoded a window at a time: memory follows the window
+WINDOW_TOKENS = WINDOW_CHARS // 4  # a cached document longer than this is read a slice at a time
 
 
 def in_holdout(source: str, record: int, fraction: float) -> bool:
@@ -33,7 +36,8 @@ def in_holdout(source: str, record: int, fraction: float) -> bool:
 
 
 class TokenStream:
-    """One source's documents, as token ids, for one split; optionally repeating forever."""
+    """One source's documents, as token ids, for one split; optionally repeating forever. A source
+    with a `token_dir` is encoded once, by its `workers` (forge.data.tokencache), and read from there."""
 
     def __init__(self, source: Source, tokenizer, separator: str, split: str, repeat: bool,
                  max_repeats: int | None = None):
@@ -44,72 +48,69 @@ class TokenStream:
             raise ForgeError(f"the tokenizer has no {separator.upper()} token; set the stage's separator to the other one")
         self.sep_id, self.sep_after = sep_id, separator == "eos"
         self.epoch, self.repeats, self.exhausted = 0, 0, False
-        self._records: Iterator[tuple[int, str]] = iter(())
-        self._queue: deque[tuple[int, list[int]]] = deque()
+        self._records: Iterator[tuple[int, str | np.ndarray]] = iter(())
+        self._queue: deque[tuple[int, list[int] | str | np.ndarray]] = deque()
         self._cur: list[int] = []     # the tokens of the current document (or of its current window)
         self._pos = 0                  # position in _cur
         self._rest: Iterator[list[int]] | None = None  # a long document's windows still to encode
         self._cur_record, self._offset = 0, 0          # the document, and the tokens taken from it
         self._seen_in_epoch = 0
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        plain = backend is not None and getattr(backend, "padding", None) is None \
-            and getattr(backend, "truncation", None) is None
-        self._cutter = HeadCutter.for_tokenizer(backend) if plain else None
+        self._enc = Encoder(tokenizer, WINDOW_CHARS)
+        self._cutter = self._enc.cutter
+        self._cache = None
+        if worth_caching(source):
+            self._cache = token_cache(source, tokenizer, Path(source.token_dir), source.workers)
         self._open()
 
     def _open(self) -> None:
-        self._records = iter(self.source.records())
+        self._records = self._cache.docs() if self._cache is not None else iter(self.source.records())
         self._seen_in_epoch = 0
 
     def _wanted(self, record: int) -> bool:
-        held = in_holdout(self.source.holdout_key, record, self.source.holdout)
+        held = in_holdout(self.source.name, record, self.source.holdout)
         return held if self.split == "eval" else not held
 
-    def _ids(self, texts: list[str]) -> list[list[int]]:
-        # the Rust tokenizer directly: transformers' per-call wrapping costs ~10-40% of throughput
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and hasattr(backend, "encode_batch_fast"):
-            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
-        return self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        ids = self._ids(texts)
+        ids = self._enc.ids(texts)
         if self.sep_after:
             return [x + [self.sep_id] for x in ids]
         return [[self.sep_id] + x for x in ids]
 
-    def _long(self, text: str) -> bool:
-        return self._cutter is not None and len(text) > WINDOW_CHARS
+    def _long(self, doc: str | np.ndarray) -> bool:
+        return len(doc) > WINDOW_TOKENS if isinstance(doc, np.ndarray) else self._enc.long(doc)
 
-    def _windows(self, text: str) -> Iterator[list[int]]:
-        """A long document's tokens, window by window: each window ends at a position no token of the
-        whole text spans (forge.data.head_encode), so the windows' tokens are the whole text's."""
-        start, cutter = 0, self._cutter
+    def _windows(self, doc: str | np.ndarray) -> Iterator[list[int]]:
+        """A long document's tokens, window by window (its text encoded a window at a time, or its
+        cached ids taken a slice at a time), with the separator."""
         if not self.sep_after:
             yield [self.sep_id]
-        while start < len(text):
-            end = cutter.cut(text, start + WINDOW_CHARS, search=WINDOW_CHARS) if cutter else None
-            end = len(text) if end is None else end
-            yield self._ids([text[start:end]])[0]
-            start = end
+        if isinstance(doc, np.ndarray):
+            for i in range(0, len(doc), WINDOW_TOKENS):
+                yield doc[i:i + WINDOW_TOKENS].tolist()
+        else:
+            yield from self._enc.windows(doc)
         if self.sep_after:
             yield [self.sep_id]
+
+    def _ready(self, docs: list[str | np.ndarray]) -> list[list[int] | str | np.ndarray]:
+        """Short documents as their ids with the separator; a long one stays as it is until it is read."""
+        texts = iter(self._encode([d for d in docs if isinstance(d, str) and not self._long(d)]))
+        sep = [self.sep_id]
+        return [d if self._long(d) else (d.tolist() + sep if self.sep_after else sep + d.tolist())
+                if isinstance(d, np.ndarray) else next(texts) for d in docs]
 
     def _fill(self) -> bool:
         """Queue the next batch of encoded documents; False when the source has none left."""
         while not self._queue:
             batch: list[tuple[int, str]] = []
             for record, text in self._records:
-                if self._wanted(record) and text:
+                if self._wanted(record) and len(text):
                     batch.append((record, text))
                     if len(batch) == ENCODE_BATCH:
                         break
             if batch:
                 self._seen_in_epoch += len(batch)
-                short = [t for _, t in batch if not self._long(t)]
-                encoded = iter(self._encode(short))
-                # a long document stays text until it is read, then is encoded a window at a time
-                self._queue.extend((r, t if self._long(t) else next(encoded)) for r, t in batch)
+                self._queue.extend(zip((r for r, _ in batch), self._ready([t for _, t in batch])))
                 return True
             if self._seen_in_epoch == 0 and self.split == "train":
                 raise ForgeError(f"data source {self.source.name!r} has no {self.split} documents")
@@ -132,7 +133,7 @@ class TokenStream:
                 return []
             self._cur_record, doc = self._queue.popleft()
             self._offset, self._pos = 0, 0
-            self._cur, self._rest = ([], self._windows(doc)) if isinstance(doc, str) else (doc, None)
+            self._cur, self._rest = (doc, None) if isinstance(doc, list) else ([], self._windows(doc))
         piece = self._cur[self._pos:self._pos + n]
         self._pos += len(piece)
         self._offset += len(piece)
@@ -154,7 +155,7 @@ class TokenStream:
             if record == state["record"]:
                 self._seen_in_epoch = 1
                 self._cur_record, self._offset = record, state["offset"]
-                self._rest = self._windows(text) if self._long(text) else iter([self._encode([text])[0]])
+                self._rest = self._windows(text) if self._long(text) else iter(self._ready([text]))
                 skip = state["offset"]
                 while (window := next(self._rest, None)) is not None:
                     if skip < len(window):

@@ -55,6 +55,8 @@ class Source:
     hub_data_files: str | None = None    # a hub dataset's files to read (a glob in the repository)
     max_records: int | None = None       # read at most this many records
     max_tokens: int | None = None        # read at most about this many tokens (CHARS_PER_TOKEN characters each)
+    token_dir: Path | None = field(default=None, compare=False)  # where its token ids are cached (None: encoded as read)
+    workers: int = field(default=1, compare=False)  # processes that encode (and clean) it
     split_key: str | None = None         # what the held-out split hashes (default: the name; see holdout_key)
 
     @property

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from forge.data import parallel
 from forge.data.cleanshards import clean_in_shards
@@ -178,3 +178,40 @@ def test_refusals_name_the_first_bad_record_in_order(tmp_path, engines, small_sh
     with pytest.raises(ForgeError, match=r"record 26: found 1 PII/secret finding\(s\) of type email") as e:
         _sharded(HygieneConfig(pii="fail"), src, ["a"], _fresh(tmp_path, "y"), engines[workers])
     assert str(e.value) == str(streaming.value) and "z@q.com" not in str(e.value)  # line 31: record 26
+
+
+def _all_blocks(sources, tok, split="train"):
+    from forge.data.mixing import build_mixture, eval_mixture
+
+    mix = build_mixture(sources, {"a": 0.7, "b": 0.3}, tok, 16, "eos", max_repeats=0, on_exhausted="rebalance") \
+        if split == "train" else eval_mixture(sources, {"a": 0.7, "b": 0.3}, tok, 16, "eos")
+    out = []
+    while (block := mix.next_block()) is not None:
+        out.append(block)
+    return out
+
+
+@settings(max_examples=3, deadline=None, phases=[Phase.generate], suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from(WORDS + ["Ünï", "\n", "42,", "!"]), max_size=30).map(" ".join),
+                min_size=2, max_size=40), st.integers(0, 40))
+def test_token_ids_and_mixed_blocks_do_not_depend_on_workers(tmp_path, tiny_checkpoint, small_shards, monkeypatch,
+                                                             docs, cut):
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from forge.data import tokencache
+
+    monkeypatch.setattr(tokencache, "CACHE_BYTES", 0)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    head = ["alpha w1 w2", "beta w3", "gamma w4 w5 w6"]  # a's first records: some train, some held out
+    plain = {"a": resolve_source("a", _write(folder, "a", head + docs[:cut]).model_copy(update={"holdout": 0.2}),
+                                 folder),
+             "b": resolve_source("b", _write(folder, "b", docs[cut:] + ["tail"], files=1), folder)}
+    expected = _all_blocks(plain, tok), _all_blocks(plain, tok, "eval")
+    for workers in (1, 2, 3):
+        cached = {n: replace(s, token_dir=folder / f"tok{workers}", workers=workers) for n, s in plain.items()}
+        assert (_all_blocks(cached, tok), _all_blocks(cached, tok, "eval")) == expected, f"{workers} worker(s)"
+        assert len(list((folder / f"tok{workers}").glob("tokens-a-*"))) == 1  # encoded once, then reused
