@@ -8,7 +8,8 @@ from pathlib import Path
 from forge import catalog
 from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
-from forge.data.sources import Source, find_files, is_saved_dataset
+from forge.data.objstore import is_remote, mirror
+from forge.data.sources import DATA_SUFFIXES, Source, find_files, is_saved_dataset
 from forge.errors import ForgeError
 from forge.progress import phase
 from forge.recipe import DataSource, Recipe
@@ -35,6 +36,11 @@ def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
         g = cfg.generate
         path = write_generated(g.kind, g.documents, g.seed, generated_dir / f"{name}-{g.kind}-{g.documents}-seed{g.seed}.jsonl")
         return Source(name, (path,), "jsonl", ("text",), cfg.split, cfg.proprietary, **common)
+    if is_remote(cfg.path):  # an object store: copied once into a local mirror keyed by ETag
+        files = mirror(cfg.path, generated_dir / "remote", DATA_SUFFIXES)
+        if not files:
+            raise ForgeError(f"data.{name}.path: no objects at {cfg.path!r}")
+        return Source(name, files, cfg.format, fields, cfg.split, cfg.proprietary, **common)
     if is_saved_dataset(cfg.path):
         files = tuple(sorted(Path(cfg.path).rglob("*.arrow")))
         return Source(name, files, "arrow", fields, cfg.split, cfg.proprietary, saved_dataset=Path(cfg.path), **common)

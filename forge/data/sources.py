@@ -30,6 +30,7 @@ _SUFFIX_FORMAT = {
 }
 
 
+DATA_SUFFIXES = tuple(_SUFFIX_FORMAT) + tuple(f"{s}.gz" for s in _SUFFIX_FORMAT)  # what a folder's listing reads
 _BINARY = ("parquet", "arrow")  # read by pyarrow / datasets from the file itself, never through gzip
 
 

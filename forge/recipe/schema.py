@@ -21,6 +21,7 @@ from forge.base_check import check_base
 from forge.errors import ForgeError
 from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
+from forge.data.objstore import is_remote
 from forge.data.parallel import PrepareConfig
 from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
     NAME, DataSource, GeneratedText, Strict,
@@ -289,7 +290,7 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
                 problems.append(f"{at(('stages', i, 'ingredients', j))}: stages[{i}].ingredients[{j}]: {ing!r} is "
                                 "neither an earlier stage nor a checkpoint folder holding config.json")
     for name, src in recipe.data.items():
-        if src.path is None:
+        if src.path is None or is_remote(src.path):  # an object store is listed when the data is read
             continue
         if not (Path(src.path).exists() or glob.glob(src.path)):
             problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: no file, folder or glob match for {src.path!r}")

@@ -1,0 +1,101 @@
+"""Sources in object stores: `s3://bucket/prefix/*.jsonl` (boto3, the standard AWS credential chain
+and AWS_ENDPOINT_URL), `gs://` and `az://` through fsspec when its backend (gcsfs, adlfs) is
+installed. The objects a path names (one key, every data file under a prefix, or a glob's matches)
+are copied once into a local mirror keyed by their ETag, so every format, glob, byte-range shard,
+fingerprint (a content hash) and line-numbered error works as for local files; the mirror's path
+ends in bucket/key, so an error still names the object. Credentials are never logged or stored.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+from typing import Iterator
+
+from forge.errors import ForgeError
+
+SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://")
+_WILD = "*?["
+
+
+def is_remote(path: str | os.PathLike | None) -> bool:
+    return isinstance(path, str) and path.startswith(SCHEMES)
+
+
+def _split(url: str) -> tuple[str, str, str]:
+    scheme, rest = url.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ForgeError(f"{url}: no bucket in the address (expected {scheme}://BUCKET/KEY-OR-GLOB)")
+    return scheme, bucket, key
+
+
+def _matches(key: str, pattern: str, data_suffixes: tuple[str, ...]) -> bool:
+    if any(c in pattern for c in _WILD):
+        return fnmatch.fnmatchcase(key, pattern)
+    if key == pattern:
+        return True
+    folder = pattern if pattern.endswith("/") or not pattern else pattern + "/"
+    return key.startswith(folder) and key.lower().endswith(data_suffixes)
+
+
+def _listing(url: str, data_suffixes: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """(key, etag) of every object the address names, in key order."""
+    scheme, bucket, pattern = _split(url)
+    prefix = pattern
+    for i, c in enumerate(pattern):
+        if c in _WILD:
+            prefix = pattern[:i]
+            break
+    if scheme == "s3":
+        pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        try:
+            found = [(o["Key"], o["ETag"].strip('"')) for page in pages for o in page.get("Contents", [])]
+        except Exception as e:  # botocore's errors: no such bucket, access denied, no credentials
+            raise ForgeError(f"{url}: cannot list the objects ({type(e).__name__}: {e})") from None
+    else:
+        fs = _fsspec(scheme, url)
+        found = [(p.split("/", 1)[1], str(info.get("etag") or info.get("md5Hash") or info.get("size")))
+                 for p, info in fs.find(f"{bucket}/{prefix}", detail=True).items()]
+    yield from sorted((k, e) for k, e in found if _matches(k, pattern, data_suffixes))
+
+
+def _s3():
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+
+
+def _fsspec(scheme: str, url: str):
+    import fsspec
+
+    try:
+        return fsspec.filesystem(scheme)
+    except (ImportError, ValueError) as e:
+        need = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}.get(scheme, scheme)
+        raise ForgeError(f"{url}: reading {scheme}:// needs fsspec's backend: pip install {need} ({e})") from None
+
+
+def mirror(url: str, root: Path, data_suffixes: tuple[str, ...]) -> tuple[Path, ...]:
+    """Local copies of the objects `url` names, under `root/<scheme>/<bucket>/<key>`; an object whose
+    ETag is unchanged since it was copied is not fetched again."""
+    scheme, bucket, _ = _split(url)
+    out = []
+    for key, etag in _listing(url, data_suffixes):
+        local = root / scheme / bucket / key
+        tag = local.with_name(local.name + ".etag")
+        if not (local.is_file() and tag.is_file() and tag.read_text() == etag):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            part = local.with_name(local.name + ".partial")
+            try:
+                if scheme == "s3":
+                    _s3().download_file(bucket, key, str(part))
+                else:
+                    _fsspec(scheme, url).get(f"{bucket}/{key}", str(part))
+            except Exception as e:
+                part.unlink(missing_ok=True)
+                raise ForgeError(f"{scheme}://{bucket}/{key}: cannot read the object ({type(e).__name__}: {e})") from None
+            os.replace(part, local)
+            tag.write_text(etag)
+        out.append(local)
+    return tuple(out)
