@@ -70,7 +70,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage.data = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
         lineage.hygiene = dict(inputs.hygiene)
-        place = RunPlace(out, folder.run_id if folder is not None else None, resume, recipe.parallelism.strategy)
+        place = RunPlace(out, folder.run_id if folder is not None else None, resume, recipe.parallelism)
         p = PipelineState(tracker, inputs, place,
                           Planned(plans, comparison, recipe_model_config(recipe)), parent.runs,
                           state.is_main_process and state.num_processes == 1, log=log)

@@ -110,8 +110,26 @@ class Tracking(Strict):
 class Parallelism(Strict):
     """How the training processes of a launch share the work (forge.train.parallel implements each)."""
 
-    strategy: Literal["ddp"] = Field("ddp", description="ddp: every process holds the whole model and "
-                                     "a share of each batch (one process: plain training)")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every process holds the whole model and "
+                                             "a share of each batch (one process: plain training); fsdp: "
+                                             "FSDP2, parameters, gradients and optimizer state sharded")
+    sharding: Literal["full", "hybrid"] = Field("full", description="fsdp: full (one shard group over every "
+                                                "process) or hybrid (sharded within a node, replicated across)")
+    mixed_precision: Literal["none", "bf16"] = Field("none", description="fsdp: bf16 parameters in compute, "
+                                                     "fp32 master weights and gradient reduction")
+    activation_checkpointing: bool = Field(False, description="recompute each decoder layer's activations "
+                                           "in the backward pass (less memory, ~1/3 more compute)")
+    cpu_offload: bool = Field(False, description="fsdp: keep parameter shards, gradients and optimizer "
+                              "state in CPU memory")
+
+    @model_validator(mode="after")
+    def _fsdp_only(self) -> "Parallelism":
+        if self.strategy != "fsdp":
+            given = [f"{k}: {getattr(self, k)}" for k in ("sharding", "mixed_precision", "cpu_offload")
+                     if k in self.model_fields_set and getattr(self, k) != Parallelism.model_fields[k].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} needs strategy: fsdp (strategy is {self.strategy})")
+        return self
 
 
 class Compute(Strict):

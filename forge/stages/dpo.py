@@ -203,7 +203,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
     template = resolve_chat_template(tok, chat_spec(inputs.sources[stage.data[0]], where))[0]
 
     def samples(step: int) -> None:
-        if s.is_main:
+        if s.is_main or s.sharded:  # sharded weights: every rank takes part, rank 0 logs
             _samples(stage, reference, s, tracker, step)
 
     task = Task(batches=lambda: [reference.batch("train", data.next_indices(s.rank, s.world))

@@ -21,4 +21,4 @@ class StageInputs:
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stages' checkpoints, by name
     log: Callable[..., None] = print
     run_id: str | None = None             # the run identity (forge.rundir); resume continues only its checkpoints
-    parallelism: str = "ddp"              # the recipe's parallelism.strategy (forge.train.parallel)
+    parallelism: Any = "ddp"              # the recipe's parallelism: block, or a strategy name (forge.train.parallel)

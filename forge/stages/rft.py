@@ -104,7 +104,8 @@ class Rollouts:
         stage, s, tok = self.stage, self.s, self.s.tokenizer
         model = s.unwrapped()
         model.eval()
-        self.generator.sync(model)
+        with s.gathered():  # under fsdp the whole weights, gathered from every rank
+            self.generator.sync(model)
         self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
         self.metrics = {}
         for _ in range(stage.grad_accum):

@@ -35,7 +35,7 @@ class RunPlace:
     out: Path
     run_id: str | None = None   # the run identity (forge.rundir): resume continues only its checkpoints
     resume: bool = False
-    parallelism: str = "ddp"    # the recipe's parallelism.strategy: how stages train and save (forge.train.parallel)
+    parallelism: Any = "ddp"    # the recipe's parallelism: block (or a strategy name): how stages train and save
 
 
 @dataclass

@@ -137,7 +137,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
         return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
 
     def samples(step: int) -> None:
-        if prompts and s.is_main:
+        if prompts and (s.is_main or s.sharded):  # sharded weights: every rank generates, rank 0 logs
             log_samples(tracker, step, prompts,
                         generate(s.unwrapped(), tok, encoder, prompts, Sampling(stage.samples.max_new_tokens), s.device))
 

@@ -62,6 +62,11 @@ def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any
     return Path(path)
 
 
+def write_manifest(folder: Path) -> None:
+    """The folder's manifest (the sha256 of every other file in it, shards included); written last."""
+    (Path(folder) / MANIFEST).write_text(json.dumps(_hashes(Path(folder)), indent=2))
+
+
 def _hashes(folder: Path) -> dict[str, str]:
     out = {}
     for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
@@ -109,6 +114,11 @@ def _load_training(file: Path) -> dict[str, Any]:
                          f"(loading is weights_only): {str(e).splitlines()[0][:200]}") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
+
+
+def load_state_part(file: Path) -> dict[str, Any]:
+    """One tensor file of a checkpoint (a sharded one's `rng-<rank>.pt`), read as training_state.pt is."""
+    return _load_training(Path(file))
 
 
 def load_state(path: Path) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 
 `FullCheckpointer` is the data-parallel implementation: every process holds the whole model,
 process 0 writes Hugging Face folders (forge.train.checkpoint: atomic, hashed) and the others wait.
-A sharded implementation (torch.distributed.checkpoint) is a second class with the same methods;
-the parallelism strategy picks one (forge.train.parallel).
+The sharded one (torch.distributed.checkpoint, FSDP2) is forge.train.sharded.ShardedCheckpointer,
+with the same methods; the parallelism strategy picks one (forge.train.parallel).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ class Process(Protocol):
 
 
 class Checkpointer(Protocol):
+    def bind(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+    def weights(self, resume_from: Path | None, start: Path) -> Path: ...
     def load_model(self, path: Path, configure: Callable[[Any], Any] | None = None) -> tuple[Any, Any]: ...
     def latest(self, folder: Path, run_id: str | None) -> Path | None: ...
     def load_state(self, path: Path) -> dict[str, Any]: ...
@@ -77,8 +79,19 @@ class FullCheckpointer:
             raise ForgeError(f"cannot load checkpoint {path}: {e}") from None
         return model, tokenizer
 
+    def bind(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing to keep: resume points are written from what each save is given."""
+
+    def weights(self, resume_from: Path | None, start: Path) -> Path:
+        """Where the session's model loads from: the resume point (a whole Hugging Face folder), else the input."""
+        return Path(resume_from or start)
+
     def latest(self, folder: Path, run_id: str | None) -> Path | None:
-        return files.latest_checkpoint(folder, run_id)
+        path = files.latest_checkpoint(folder, run_id)
+        if path is not None and (path / "dcp").is_dir():
+            raise ForgeError(f"{path}: a sharded resume point (parallelism.strategy fsdp); resume it with "
+                             "parallelism.strategy=fsdp, or start the stage over (forge run --restart)")
+        return path
 
     def load_state(self, path: Path) -> dict[str, Any]:
         return files.load_state(path)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -77,14 +77,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
 
 
-def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: Optim, where: str) -> None:
+def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: Optim, where: str,
+               load: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Start from a previous stage's optimizer moments (Adam's m and v and step counts), keeping
-    this stage's hyper-parameters (lr, betas, eps, weight decay)."""
+    this stage's hyper-parameters (lr, betas, eps, weight decay). `load(saved)` puts the whole-model
+    state into the optimizer (default: its load_state_dict; a sharded optimizer scatters it)."""
     from forge.errors import ForgeError
 
     keep = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(saved)
+        (load or optimizer.load_state_dict)(saved)
     except (ValueError, KeyError) as e:
         raise ForgeError(f"{where}: optim.carry_over: the input's optimizer state does not match this model ({e})") from None
     for group, mine in zip(optimizer.param_groups, keep):

@@ -1,9 +1,14 @@
-"""The parallelism seam: a strategy name (the recipe's `parallelism.strategy`) picks how a
+"""The parallelism seam: the recipe's `parallelism:` block (or a strategy name alone) picks how a
 session's model and optimizer are wrapped for the launch and which checkpointer saves them.
 
-Only `ddp` exists today (accelerate's DistributedDataParallel on several processes, nothing on
-one); a sharded strategy (FSDP2 with DCP checkpoints) is one more entry here and one more
-Checkpointer class, not edits in the loop or the stages.
+- `ddp`: accelerate's DistributedDataParallel on several processes (nothing on one); every rank
+  holds the whole model; FullCheckpointer (rank 0 writes Hugging Face folders).
+- `fsdp`: FSDP2 (`fully_shard` per decoder layer and at the root, forge.train.fsdp): parameters,
+  gradients and optimizer state sharded over the ranks (full, or hybrid: sharded within a node and
+  replicated across nodes), optionally bf16 compute and CPU offload; ShardedCheckpointer (DCP
+  resume points, a gathered Hugging Face folder as the output).
+
+`shard` runs before the optimizer is built (FSDP2 replaces the parameters), `prepare` after it.
 """
 from __future__ import annotations
 
@@ -13,13 +18,14 @@ from typing import Any, Callable
 import torch
 
 from forge.errors import ForgeError
+from forge.train import fsdp
 from forge.train.checkpointer import Checkpointer, FullCheckpointer, Process
+from forge.train.fsdp import Options, options
+from forge.train.sharded import ShardedCheckpointer
 
 
-@dataclass(frozen=True)
-class Strategy:
-    prepare: Callable[[Any, torch.nn.Module, torch.optim.Optimizer], tuple[torch.nn.Module, torch.optim.Optimizer]]
-    checkpointer: Callable[[Process], Checkpointer]
+def _no_shard(model: torch.nn.Module, opts: Options, device: torch.device) -> torch.nn.Module:
+    return model
 
 
 def _ddp_prepare(accelerator: Any, model: torch.nn.Module,
@@ -28,15 +34,33 @@ def _ddp_prepare(accelerator: Any, model: torch.nn.Module,
     return model, optimizer
 
 
-STRATEGIES: dict[str, Strategy] = {"ddp": Strategy(_ddp_prepare, FullCheckpointer)}
+def _as_is(accelerator: Any, model: torch.nn.Module,
+           optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    return model, optimizer
 
 
-def strategy(name: str, where: str = "parallelism.strategy") -> Strategy:
+@dataclass(frozen=True)
+class Strategy:
+    prepare: Callable[[Any, torch.nn.Module, torch.optim.Optimizer], tuple[torch.nn.Module, torch.optim.Optimizer]]
+    checkpointer: Callable[[Process], Checkpointer]
+    shard: Callable[[torch.nn.Module, Options, torch.device], torch.nn.Module] = _no_shard
+    sharded: bool = False  # the weights are split over the ranks: every rank takes part in each forward
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "ddp": Strategy(_ddp_prepare, FullCheckpointer),
+    "fsdp": Strategy(_as_is, ShardedCheckpointer, fsdp.shard, sharded=True),
+}
+
+
+def strategy(spec: Any, where: str = "parallelism.strategy") -> Strategy:
+    """The strategy of a name or a `parallelism:` block."""
+    name = options(spec).strategy
     if name not in STRATEGIES:
         raise ForgeError(f"{where}: {name!r} is not a parallelism strategy; allowed: {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 
 
-def checkpointer(name: str, process: Process) -> Checkpointer:
+def checkpointer(spec: Any, process: Process) -> Checkpointer:
     """The checkpointer of a strategy, for work outside a session (souping, merge-back)."""
-    return strategy(name).checkpointer(process)
+    return strategy(spec).checkpointer(process)

@@ -3,21 +3,24 @@ set up the same way for every stage kind (seed, precision, parallelism strategy,
 optimizer carry-over, LoRA adapters), and the checkpoints it writes through its checkpointer."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
+from forge.train import fsdp
 from forge.train.accel import new_accelerator
 from forge.train.checkpoint import split_state
 from forge.train.checkpointer import Checkpointer, FinalSave
 from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
-from forge.train.parallel import strategy
+from forge.train.fsdp import Options
+from forge.train.parallel import STRATEGIES, Strategy, strategy
 from forge.train.state import TrainState
 
 
@@ -28,7 +31,7 @@ class Place(Protocol):
     out_dir: Path         # stages/<name>: final/ and checkpoints/
     resume: bool          # continue from the newest resume point in out_dir/checkpoints
     run_id: str | None    # resume continues only checkpoints this run wrote
-    parallelism: str      # the strategy name (forge.train.parallel)
+    parallelism: Any      # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
 
 
 @dataclass
@@ -45,6 +48,8 @@ class Session:
     place: Place
     resume_from: Path | None  # the checkpoint this session continues, if resuming
     lora: Any = None          # the stage's lora: block when it trains adapters
+    strategy: Strategy = STRATEGIES["ddp"]
+    options: Options = Options()
 
     @property
     def world(self) -> int:
@@ -64,6 +69,16 @@ class Session:
         return bool(self.accelerator.is_main_process)
 
     @property
+    def sharded(self) -> bool:
+        """The weights are split over the ranks (fsdp): every rank takes part in each forward pass,
+        so sample generation runs on every rank (rank 0 alone logs it)."""
+        return self.strategy.sharded
+
+    def gathered(self) -> ContextManager[None]:
+        """The whole weights in the model while inside (every rank enters): e.g. to copy them into vLLM."""
+        return fsdp.gathered(self.model) if self.sharded else contextlib.nullcontext()
+
+    @property
     def pad_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
@@ -72,9 +87,11 @@ class Session:
         return model
 
     def frozen_input(self) -> Any:
-        """A frozen copy of the stage's input checkpoint on this device (a reference model)."""
+        """A frozen copy of the stage's input checkpoint on this device (a reference model), sharded
+        as the policy is."""
         model, _ = self.checkpoints.load_model(Path(self.place.checkpoint))
-        return model.to(self.device).eval().requires_grad_(False)
+        model = self.strategy.shard(model.to(self.device).requires_grad_(False), self.options, self.device)
+        return model.eval()
 
     def restore(self, state: TrainState) -> bool:
         """Load the resume point into `state`; False when starting fresh."""
@@ -117,7 +134,7 @@ def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | 
     from accelerate.utils import set_seed
 
     where = f"stage {settings.name}"
-    plan = strategy(place.parallelism)
+    plan, opts = strategy(place.parallelism), fsdp.options(place.parallelism)
     accelerator = new_accelerator(settings.precision, where)
     checkpoints = plan.checkpointer(accelerator)
     set_seed(settings.seed)
@@ -126,13 +143,16 @@ def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | 
     resume_from = checkpoints.latest(folder, place.run_id) if place.resume else None
     if resume_from is None:
         checkpoints.clear(folder)
-    model, tokenizer = checkpoints.load_model(resume_from or place.checkpoint, configure)
+    model, tokenizer = checkpoints.load_model(checkpoints.weights(resume_from, place.checkpoint), configure)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and settings.seq_len > max_pos:
         raise ForgeError(f"{where}: seq_len {settings.seq_len} exceeds the model's context ({max_pos}); "
                          "extend it in a midtrain stage with a context: block")
     if lora is not None:
         model = wrap_lora(model, lora, where)
+    if opts.activation_checkpointing:
+        fsdp.checkpoint_activations(model)
+    model = plan.shard(model, opts, accelerator.device)  # before the optimizer: FSDP2 replaces the parameters
     optimizer = build_optimizer(model, settings.optim)
     if settings.optim.carry_over and resume_from is None:
         saved = checkpoints.load_optimizer(place.checkpoint)
@@ -140,12 +160,14 @@ def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | 
             raise ForgeError(f"{where}: optim.carry_over: the input checkpoint {place.checkpoint} has no optimizer "
                              "state (a base model, or a stage run with checkpoint.final_optimizer: false); "
                              "set optim.carry_over: false")
-        carry_over(optimizer, saved, settings.optim, where)
+        load = (lambda state: fsdp.load_full_optimizer(model, optimizer, state)) if plan.sharded else None
+        carry_over(optimizer, saved, settings.optim, where, load)
     total_steps = settings.total_steps(accelerator.num_processes)
     scheduler = build_scheduler(optimizer, total_steps, settings.schedule)
     # the scheduler stays unprepared: accelerate would step it once per process each step, while
     # total_steps already counts optimizer steps of the whole data-parallel world
     model, optimizer = plan.prepare(accelerator, model, optimizer)
+    checkpoints.bind(model, optimizer)
     model.train()
     return Session(settings, accelerator, model, tokenizer, optimizer, scheduler, total_steps, memory,
-                   checkpoints, place, resume_from, lora)
+                   checkpoints, place, resume_from, lora, plan, opts)

@@ -49,6 +49,7 @@ class TrainState:
         self.data.load_state_dict(state["data"])
         if self.guard is not None and state.get("guard"):
             self.guard.load_state_dict(state["guard"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a sharded checkpointer has loaded it already (forge.train.sharded)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])

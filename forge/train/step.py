@@ -4,7 +4,7 @@ The step's gradient is the sum of token losses over every micro-batch (and every
 by the number of target tokens in the whole step, so `batch_size=2, grad_accum=4` gives the
 gradient of `batch_size=8, grad_accum=1` even when micro-batches hold different numbers of
 target tokens (OLMo-core's token-sum normalisation). Each micro-batch's mean loss is weighted by
-its share of the step's tokens; DDP averages over ranks, hence the factor `world`.
+its share of the step's tokens; DDP and FSDP average gradients over ranks, hence the factor `world`.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from forge.errors import ForgeError
+from forge.train import fsdp
 from forge.train.losses import Loss, target_count
 from forge.train.session import Session
 from forge.train.signals import GracefulStop
@@ -96,6 +97,20 @@ class DivergenceGuard:
         self.skipped = state["skipped"]
 
 
+def _no_sync(session: Session) -> Any:
+    """No gradient reduction on a step's micro-batches before its last (DDP's no_sync, FSDP2's flag)."""
+    model = session.model
+    return fsdp.no_sync(model) if fsdp.is_sharded(model) else session.accelerator.no_sync(model)
+
+
+def _clip(session: Session, max_norm: float) -> float:
+    """Clip to `max_norm` and return the global gradient norm (over every shard under fsdp)."""
+    if fsdp.is_sharded(session.model):
+        session.accelerator.unscale_gradients()  # fp16's loss scale, as accelerate's own clip does
+        return fsdp.clip_grad_norm(session.model, max_norm)
+    return float(session.accelerator.clip_grad_norm_(session.model.parameters(), max_norm))
+
+
 def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn.Module, Any], Any],
                guard: DivergenceGuard, step: int, stop: GracefulStop | None = None) -> StepResult:
     """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step. `loss_fn`
@@ -111,7 +126,7 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
     for i, (batch, n) in enumerate(zip(batches, counts)):
         last = i == len(batches) - 1
         batch = batch.to(acc.device) if isinstance(batch, torch.Tensor) else {k: v.to(acc.device) for k, v in batch.items()}
-        with (contextlib.nullcontext() if last else acc.no_sync(model)):
+        with (contextlib.nullcontext() if last else _no_sync(session)):
             with acc.autocast():
                 out = loss_fn(model, batch)
             mean = out.value if isinstance(out, Loss) else out
@@ -130,7 +145,7 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
     why = guard.problem(loss_value, None)
     if why is None:
         clip = session.settings.optim.grad_clip
-        grad_norm = float(acc.clip_grad_norm_(model.parameters(), clip if clip else float("inf")))
+        grad_norm = _clip(session, clip if clip else float("inf"))
         why = guard.problem(loss_value, grad_norm)
     lr = session.scheduler.get_last_lr()[0]
     if why is None:

@@ -1,5 +1,5 @@
 """The parallelism seam: the recipe's `parallelism.strategy` names a strategy of forge.train.parallel
-(only ddp today), an unknown one is refused naming the allowed values, and every save goes through
+(ddp, fsdp), an unknown one is refused naming the allowed values, and every save goes through
 the strategy's checkpointer (a stand-in class sees the stage's resume points and output)."""
 from __future__ import annotations
 
@@ -22,10 +22,13 @@ def test_the_recipe_accepts_the_strategies_the_trainer_has():
 def test_an_unknown_strategy_is_refused_naming_the_field_and_the_allowed_values(tmp_path):
     path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path))
     assert load_recipe(path).parallelism.strategy == "ddp"
-    with pytest.raises(ForgeError, match=r"parallelism\.strategy: Input should be 'ddp' \(given: 'fsdp'\)"):
-        load_recipe(path, ["parallelism.strategy=fsdp"])
-    with pytest.raises(ForgeError, match="'fsdp' is not a parallelism strategy; allowed: ddp"):
-        parallel.strategy("fsdp")
+    assert load_recipe(path, ["parallelism.strategy=fsdp"]).parallelism.strategy == "fsdp"
+    with pytest.raises(ForgeError, match=r"parallelism\.strategy: Input should be 'ddp' or 'fsdp' \(given: 'zero3'\)"):
+        load_recipe(path, ["parallelism.strategy=zero3"])
+    with pytest.raises(ForgeError, match="'zero3' is not a parallelism strategy; allowed: ddp, fsdp"):
+        parallel.strategy("zero3")
+    with pytest.raises(ForgeError, match=r"parallelism: .*cpu_offload: True needs strategy: fsdp"):
+        load_recipe(path, ["parallelism.cpu_offload=true"])
 
 
 def test_every_save_of_a_stage_goes_through_the_strategys_checkpointer(tmp_path, monkeypatch, tiny_checkpoint,

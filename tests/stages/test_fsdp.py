@@ -1,0 +1,183 @@
+"""FSDP2 on two gloo processes (torchrun): pretraining, SFT and DPO losses (and DPO's margins) step
+by step equal one process with the same global batch, as DDP's do; LoRA SFT, DPO with a live
+reference and RFT (sharded generation, a sharded KL reference) run to plain Hugging Face outputs;
+a run that crashes mid-stage resumes from its DCP shards bitwise; two one-process "nodes" (a c10d
+rendezvous on 127.0.0.1, hybrid sharding) equal the two-process run."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from forge_testing import REPO, pretrain_stage
+from servers import kill_tree, spawn
+
+sys.path.insert(0, str(REPO / "tests" / "stages"))
+sys.path.insert(0, str(REPO / "tests" / "train"))
+from sft_fixtures import write_qa  # noqa: E402
+from test_dpo import write_pairs  # noqa: E402
+
+WORKER = REPO / "tests" / "train" / "dist_stages.py"
+REWARD = REPO / "tests" / "stages" / "rft_rewards.py"
+TOL = 1e-5
+FIGURES: dict[str, float] = {}  # max abs difference per check, printed at the end of the module
+
+
+def stages(per_rank: int) -> list[dict]:
+    """Pretraining, SFT and DPO with `per_rank` blocks (examples, pairs) per process and step."""
+    common = {"seq_len": 32, "log_every": 1, "checkpoint": {"final_optimizer": False}}
+    return [
+        pretrain_stage(max_steps=6, batch_size=per_rank, log_every=1, schedule={"kind": "cosine"},
+                       checkpoint={"every": 2}, eval={"max_blocks": 2}),
+        {"name": "sft", "kind": "sft", "data": ["qa"], "max_steps": 3, "batch_size": per_rank, "packing": "pad",
+         "optim": {"lr": 1e-2}, "schedule": {"kind": "constant"}, "eval": {"max_blocks": 1},
+         "samples": {"every": 3, "prompts": 2, "max_new_tokens": 4}, **common, "seq_len": 64},
+        {"name": "dpo", "kind": "dpo", "data": ["prefs"], "max_steps": 3, "batch_size": per_rank, "beta": 0.5,
+         "optim": {"lr": 1e-3}, "schedule": {"kind": "constant"}, "eval": {"max_blocks": 1}, **common,
+         "seq_len": 64},
+    ]
+
+
+def sharded_only() -> list[dict]:
+    """What only the FSDP launch runs: LoRA SFT (merged), DPO with a live reference, RFT with a KL reference."""
+    common = {"seq_len": 64, "log_every": 1, "schedule": {"kind": "constant"}, "checkpoint": {"final_optimizer": False}}
+    return [
+        {"name": "lora", "kind": "sft", "data": ["qa"], "max_steps": 2, "batch_size": 2, "packing": "pad",
+         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "eval": {"max_blocks": 1}, **common},
+        {"name": "live", "kind": "dpo", "data": ["prefs"], "max_steps": 2, "batch_size": 2, "reference": "live",
+         "eval": {"max_blocks": 1}, "samples": {"every": 2, "prompts": 1, "max_new_tokens": 3}, **common},
+        {"name": "rft", "kind": "rft", "data": ["p"], "max_steps": 2, "batch_size": 1, "group": 2, "max_new_tokens": 4,
+         "kl_beta": 0.01, "rewards": [{"source": f"{REWARD}:e_share"}], "samples": {"every": 2, "prompts": 1}, **common},
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(config: dict, nodes: int = 1) -> None:
+    """The worker on two processes: one torchrun with two, or `nodes`=2 torchruns with one each."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    port = free_port()
+    if nodes == 1:
+        heads = [["--nproc-per-node", "2", "--master-port", str(port)]]
+    else:
+        heads = [["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "forge-test"] for i in range(2)]
+    procs = [spawn([sys.executable, "-m", "torch.distributed.run", *head, str(WORKER), json.dumps(config)], cwd=REPO,
+                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for head in heads]
+    try:
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        Path(config["out"]).mkdir(parents=True, exist_ok=True)
+        (Path(config["out"]) / f"launch-{i}.log").write_text(out)
+        if p.returncode != 0 and config.get("crash_after") is None:
+            first = out.find("Traceback")  # the failing rank's own traceback, before torchrun's summary
+            raise AssertionError(out[first:first + 4000])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_checkpoint) -> dict:
+    root = tmp_path_factory.mktemp("fsdp")
+    data = root / "data"
+    data.mkdir()
+    write_qa(data / "qa.jsonl")
+    write_pairs(data / "prefs.jsonl")
+    (data / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n"
+                                                for i in range(4)))
+    base = {"checkpoint": str(tiny_checkpoint), "data": str(data), "generated": str(tiny_checkpoint.parent)}
+    outs = {name: root / name for name in ("one", "ddp", "fsdp")}
+    launch({**base, "stages": stages(2) + sharded_only(), "parallelism": {"strategy": "fsdp"}, "out": str(outs["fsdp"])})
+    launch({**base, "stages": stages(2), "parallelism": "ddp", "out": str(outs["ddp"])})
+    from dist_stages import main  # the same global batch in this one process: 4 per step instead of 2 on each of 2
+    main(json.dumps({**base, "stages": stages(4), "parallelism": "ddp", "out": str(outs["one"])}))
+    return {**outs, "base": base, "root": root}
+
+
+def logged(out: Path, stage: str) -> dict:
+    return json.loads((out / stage / "logged.json").read_text())
+
+
+def series(out: Path, stage: str, key: str) -> list[float]:
+    return [row[key] for row in logged(out, stage)["rows"] if key in row and "loss" in row]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,key", [("cpt", "loss"), ("sft", "loss"), ("dpo", "loss"), ("dpo", "rewards/margin")])
+def test_fsdp_and_ddp_on_two_processes_equal_one_process_step_by_step(runs, stage, key):
+    one = series(runs["one"], stage, key)
+    assert len(one) == {"cpt": 6, "sft": 3, "dpo": 3}[stage]
+    for strategy in ("fsdp", "ddp"):
+        diff = max_diff(series(runs[strategy], stage, key), one)
+        FIGURES[f"{strategy} vs one process, {stage} {key}"] = diff
+        assert diff < TOL, (strategy, stage, key, diff)
+    ours = weights(runs["fsdp"] / stage / "final")
+    theirs = weights(runs["one"] / stage / "final")
+    assert ours.keys() == theirs.keys()  # a plain Hugging Face folder, gathered from the shards
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in theirs) < 1e-4
+
+
+@pytest.mark.slow
+def test_lora_live_reference_and_rft_train_sharded_to_plain_outputs(runs, tiny_checkpoint):
+    base = weights(tiny_checkpoint)
+    for stage in ("lora", "live", "rft"):
+        final = runs["fsdp"] / stage / "final"
+        trained = weights(final)
+        assert trained.keys() == base.keys(), stage  # LoRA merged: the base's own tensors, no adapter
+        assert any(not torch.equal(trained[k], base[k]) for k in base), stage
+        assert logged(runs["fsdp"], stage)["result"]["tokens"] > 0
+    assert logged(runs["fsdp"], "rft")["tables"] == ["samples/step-0000002.json"]  # generated on every rank
+    assert logged(runs["fsdp"], "live")["tables"] == ["samples/step-0000002.json"]
+    assert logged(runs["fsdp"], "sft")["tables"] == ["samples/step-0000003.json"]
+
+
+@pytest.mark.slow
+def test_a_crashed_fsdp_run_resumes_from_its_shards_bitwise(runs):
+    base = runs["base"]
+    out = runs["root"] / "crashed"
+    config = {**base, "stages": stages(2)[:1], "parallelism": {"strategy": "fsdp"}, "out": str(out)}
+    launch({**config, "crash_after": 5})  # steps 1-5 draw batches; step 6's crashes, after the step-4 checkpoint
+    assert not (out / "cpt" / "final").exists()
+    point = out / "cpt" / "checkpoints" / "step-0000004"
+    assert sorted(p.name for p in point.iterdir()) == ["dcp", "forge_state.json", "manifest.json", "rng-0.pt",
+                                                      "rng-1.pt", "training_state.pt"]
+    assert not list(point.parent.glob("*.partial"))
+    launch({**config, "resume": True})
+    straight, resumed = weights(runs["fsdp"] / "cpt" / "final"), weights(out / "cpt" / "final")
+    FIGURES["fsdp resumed vs uninterrupted, cpt weights"] = max((straight[k] - resumed[k]).abs().max().item()
+                                                               for k in straight)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # bitwise
+    assert series(out, "cpt", "loss") == series(runs["fsdp"], "cpt", "loss")[4:]  # steps 5 and 6, the same
+
+
+@pytest.mark.slow
+def test_two_nodes_with_hybrid_sharding_equal_two_processes(runs):
+    base = runs["base"]
+    out = runs["root"] / "nodes"
+    launch({**base, "stages": stages(2)[:1], "parallelism": {"strategy": "fsdp", "sharding": "hybrid"},
+            "out": str(out)}, nodes=2)
+    diff = max_diff(series(out, "cpt", "loss"), series(runs["fsdp"], "cpt", "loss"))
+    FIGURES["2 nodes (hybrid) vs 2 processes (full), cpt loss"] = diff
+    assert diff < TOL
+    print("\nmax abs differences:", json.dumps(FIGURES, indent=1))
