@@ -1,7 +1,8 @@
 """Cheap checks of a base checkpoint folder at validate time, so a broken base is named before any
 work starts: config.json parses, weights come as safetensors whose header and length agree (a 0-byte
 or truncated file is caught by reading 8 bytes and the JSON header, never the tensors), every shard
-an index names exists, and tokenizer files are present.
+an index names exists, and tokenizer files are present. A path that does not exist is said to be
+missing (with, under `shared/data`, where that folder comes from), not to be a bad checkpoint.
 """
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from pathlib import Path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
                    "vocab.json", "vocab.txt")
 _MAX_HEADER = 100 << 20  # the safetensors format caps its JSON header at 100 MB
+SHARED_DATA = ("shared", "data")  # the real model and data kept beside the checkout (README.md, "Two commands")
+
+
+def absent(path: str | Path) -> str:
+    """Why a path the recipe names is not there: it does not exist; under a `shared/data` folder,
+    also whether that folder itself is missing and where to set it up (README.md)."""
+    path = Path(path)
+    parts = path.parts
+    at = next((i for i in range(len(parts) - 1) if parts[i:i + 2] == SHARED_DATA), None)
+    if at is None:
+        return "does not exist"
+    root = Path(*parts[:at + 2])
+    if not root.is_dir():
+        return (f"does not exist: the shared/data folder {root} is missing (the real model and data some recipes "
+                "use, kept beside the checkout as ../shared/data; README.md, section \"Two commands\", says how "
+                "to set it up)")
+    return f"does not exist in {root} (its README.md lists what that folder holds; README.md, \"Two commands\")"
 
 
 def safetensors_problem(path: Path) -> str | None:

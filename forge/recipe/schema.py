@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from forge.base_check import check_base
+from forge.base_check import absent, check_base
 from forge.errors import ForgeError
 from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
@@ -290,7 +290,9 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
 
     if isinstance(recipe.base, str) and not recipe.base.startswith("catalog://"):
         base = Path(recipe.base)
-        if not (base / "config.json").is_file():
+        if not base.exists():
+            problems.append(f"{at(('base',))}: base: {recipe.base!r} {absent(base)}")
+        elif not (base / "config.json").is_file():
             problems.append(
                 f"{at(('base',))}: base: {recipe.base!r} is not a Hugging Face checkpoint folder "
                 "(expected a directory holding config.json)"
@@ -311,7 +313,8 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
         if src.path is None or is_remote(src.path):  # an object store is listed when the data is read
             continue
         if not (Path(src.path).exists() or glob.glob(src.path)):
-            problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: no file, folder or glob match for {src.path!r}")
+            why = absent(src.path) if not glob.has_magic(src.path) else "matches no file or folder"
+            problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: {src.path!r} {why}")
     return problems
 
 
@@ -363,6 +366,9 @@ def resolve_paths(raw: dict, root: Path) -> dict:
             if isinstance(rw, dict) and isinstance(rw.get("source"), str) and ".py:" in rw["source"]:
                 file, _, fn = rw["source"].rpartition(":")  # a reward file is relative to the recipe too
                 rw["source"] = f"{fix(file)}:{fn}"
+        if isinstance(stage, dict) and isinstance(stage.get("env"), str) and ".py:" in stage["env"]:
+            file, _, cls = stage["env"].rpartition(":")  # an rft environment file, relative to the recipe
+            stage["env"] = f"{fix(file)}:{cls}"
         if isinstance(ings, list):  # a soup ingredient with a '/' is a folder (stage names have none)
             stage["ingredients"] = [fix(x) if isinstance(x, str) and "/" in x else x for x in ings]
     ev = out.get("eval") if isinstance(out.get("eval"), dict) else {}
