@@ -13,6 +13,8 @@ With `protocol: nova` the same three sources speak Amazon Nova's reward contract
 (forge.lm.nova_reward): a local `file.py:lambda_handler`, a Lambda or an endpoint gets Nova's event
 (a list of samples, `batch_size` a request) and answers with Nova's results; `aggregate_reward_score`
 is the score and the `metrics_list` values are kept in `metrics` for the stage to log.
+- `judge:<address>`: an LLM judge (forge.lm.judges) grading each completion, or each prompt's group,
+  with the source's `judge:` rubric; its verdicts are cached in `cache_dir` (the run folder).
 `timeout_s` bounds the whole call, whatever the source: every chunk and every retry of an HTTP
 source, the Python function however it blocks. Scores are numbers (numpy's too; not booleans);
 a numpy array counts as the list. A call that raises, exits, crashes, times out, returns the wrong
@@ -37,6 +39,7 @@ from typing import Any, Callable, Iterator
 from forge.errors import ForgeError
 from forge.lm.nova_reward import Answer, event, read_answer
 from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
+from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
 from forge.recipe.settings import RewardSource
 from forge.usercode import split_spec
 
@@ -60,19 +63,28 @@ class Reward:
     A Python source starts its worker process here (a bad file or module fails at once); `close()`
     (or the `with` block) ends it."""
 
-    def __init__(self, spec: RewardSource, root: Path | None = None, lambda_client: Any = None):
+    def __init__(self, spec: RewardSource, root: Path | None = None, lambda_client: Any = None,
+                 cache_dir: Path | None = None):
         self.spec, self.source, self.weight = spec, spec.source, spec.weight
         self.label = reward_label(spec.source)
-        self._lambda, self._worker = lambda_client, None
+        self._lambda, self._worker, self._judge = lambda_client, None, None  # lambda_client: a judge's Bedrock client too
         self.nova = spec.protocol == "nova"
         self.metrics: dict[str, list[float | None]] = {}  # nova: the last call's metrics_list values, by type.name
-        if not spec.source.startswith(("http://", "https://", "lambda:")):
+        if spec.source.startswith(JUDGE_PREFIX):
+            from forge.lm.judges import Judge, Reach  # torch and transformers: only when a judge is named
+
+            reach = Reach(spec.timeout_s, spec.retries, spec.region, lambda_client)
+            self._judge = Judge(spec.source, spec.judge or JudgeOptions.model_validate({}), cache_dir, reach)
+            self.label = f"judge_{self._judge.rubric.name}"
+        elif not spec.source.startswith(("http://", "https://", "lambda:")):
             split_spec(spec.source, "reward")
             self._worker = RewardWorker(spec.source, None if root is None else str(root))
 
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
+        if self._judge is not None:
+            self._judge.close()
 
     def __enter__(self) -> "Reward":
         return self
@@ -86,6 +98,13 @@ class Reward:
         """Scores of the completions; `messages` are their prompts as chat messages (Nova's event
         carries them; by default each prompt is one user turn)."""
         where = f"reward {self.source!r} on batch {batch}"
+        if self._judge is not None:
+            try:
+                return check_scores(self._judge.score(prompts, completions, fields), len(completions), where)
+            except RewardError:
+                raise
+            except ForgeError as e:
+                raise RewardError(f"{where}: {e}") from None
         if self.nova:
             chats = messages or [[{"role": "user", "content": p}] for p in prompts]
             samples = event(completions, chats, fields, batch)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from forge.recipe.data import NAME, Strict
+from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions, check_address
 from forge.recipe.registry import StageSettings
 
 
@@ -343,7 +344,8 @@ class DpoStage(PostTrainSettings):
 
 
 class RewardSource(Strict):
-    """A reward function: `file.py:function`, `module:function`, `http(s)://...` or `lambda:NAME`."""
+    """A reward function: `file.py:function`, `module:function`, `http(s)://...`, `lambda:NAME`, or
+    an LLM judge `judge:ADDRESS` graded as its `judge:` options say (forge.recipe.judge)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
     source: str = Field(min_length=3)
@@ -355,12 +357,21 @@ class RewardSource(Strict):
     region: str | None = Field(None, description="lambda: AWS region (default: boto3's)")
     protocol: Literal["forge", "nova"] = Field("forge", description="forge: (prompts, completions, **fields) -> "
                                                "scores; nova: Amazon Nova's reward Lambda contract (forge.lm.nova_reward)")
+    judge: JudgeOptions | None = None  # a judge: source's rubric, scoring and score scale
 
     @model_validator(mode="after")
     def _form(self) -> "RewardSource":
         s = self.source
+        if s.startswith(JUDGE_PREFIX):
+            check_address(s.removeprefix(JUDGE_PREFIX))
+            if self.protocol == "nova":
+                raise ValueError("protocol: nova applies to Lambdas, endpoints and files, not to a judge: source")
+            return self
+        if self.judge is not None:
+            raise ValueError(f"judge: options need a judge:ADDRESS source, not {s!r}")
         if not (s.startswith(("http://", "https://", "lambda:")) or (":" in s and all(s.rpartition(":")[::2]))):
-            raise ValueError(f"source {s!r}: expected file.py:function, module:function, http(s)://... or lambda:NAME")
+            raise ValueError(f"source {s!r}: expected file.py:function, module:function, http(s)://..., lambda:NAME "
+                             "or judge:ADDRESS")
         return self
 
 
@@ -374,7 +385,12 @@ class RftStage(PostTrainSettings):
     kind: Literal["rft"]
     reads: ClassVar[str] = "prompts"
     evaluates: ClassVar[tuple[str, ...]] = ("reward",)
-    rewards: list[RewardSource] = Field(min_length=1)
+    env: str | None = Field(None, description="multi-turn agentic RFT: an environment file.py:Class or module:Class "
+                            "(reset/step, optional tools; forge.lm.agent) whose steps reward each trajectory")
+    max_turns: int = Field(4, ge=1, le=64, description="env: the policy's turns in a trajectory at most")
+    eval_tasks: int = Field(0, ge=0, description="env: held-out tasks (the data's held-out split) whose greedy "
+                            "trajectory reward is measured at the start, every eval.every steps and the end")
+    rewards: list[RewardSource] = Field(default_factory=list)
     prompt_field: str = "prompt"
     group: int = Field(4, ge=2, le=1024)
     max_new_tokens: int = Field(32, gt=0, le=32_768)
@@ -392,6 +408,21 @@ class RftStage(PostTrainSettings):
     batch_size: int = Field(4, gt=0, le=65_536)
     optim: Optim = Optim(lr=1e-5)
     schedule: Schedule = Schedule(kind="constant")
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_reward(cls, value: list[RewardSource], info: ValidationInfo) -> list[RewardSource]:
+        if not value and info.data.get("env") is None:
+            raise ValueError("give at least one reward source (or an env: whose steps reward the trajectory)")
+        return value
+
+    @model_validator(mode="after")
+    def _env_generation(self) -> "RftStage":
+        if self.env is not None and self.generation != "hf":
+            raise ValueError("env: multi-turn rollouts generate with generation: hf (vllm is not supported with env)")
+        if self.env is not None and ":" not in self.env:
+            raise ValueError(f"env {self.env!r}: expected file.py:Class or module:Class")
+        return self
 
     @field_validator("generation")
     @classmethod
