@@ -185,12 +185,13 @@ def _say_plan(args, recipe, measure: bool) -> list:
 
 
 def _say_result(args, recipe, result) -> int:
-    print(f"novella: {result.novella}")
-    print(f"mlflow:  {recipe.tracking_uri} (experiment {recipe.experiment!r}, run {result.run_id})")
-    if result.model_uri:
-        print(f"model:   {result.model_uri} (version {result.version})")
+    """The run's summary (forge.eval.summary: stages, start versus Novella, gates, where things are),
+    printed and kept at the end of the run's log; failed gates also on stderr."""
+    from forge.eval import summary
+
+    summary.write(summary.render(summary.ending(recipe, result, ui_command(args.recipe, recipe, args.overrides))),
+                  recipe.output)
     failed = _report_evaluation(result.evaluation)
-    print(f"ui:      {ui_command(args.recipe, recipe, args.overrides)}")
     return 1 if failed and args.strict else 0
 
 
@@ -206,9 +207,14 @@ def _pipeline(recipe_path: str, name: str):
 
 def _run_pipeline(pipeline, recipe, tracker, planned: tuple, args, folder):
     """The pipeline's run with the plans made once (printed by rank 0, whose tracker is enabled)."""
+    from forge.eval import runlog
+
     plans, comparison = planned
+    if tracker.enabled:  # rank 0: what the pipeline says is printed and kept in OUTPUT/forge.log
+        runlog.begin(recipe.output, opening_line(args.recipe, recipe), resume=args.resume)
     return pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
-                        log=print if tracker.enabled else (lambda *_: None), resume=args.resume, folder=folder)
+                        log=runlog.echo(recipe.output) if tracker.enabled else (lambda *_: None), resume=args.resume,
+                        folder=folder)
 
 
 def resume_command(args) -> str:
@@ -257,11 +263,9 @@ def _run_folder(recipe, args, state):
 
 
 def _report_evaluation(ev) -> list:
-    """Say where the Novella's alias went and which gates failed, by how much; the failed gates."""
+    """Say on stderr which gates failed, by how much; the failed gates (the summary said where the alias went)."""
     if ev is None:
         return []
-    if ev.decision is not None:
-        print(f"alias:   {'promoted' if ev.decision.promote else 'not promoted'}: {ev.decision.reason}")
     failed = [g for g in ev.gates if not g.passed]
     for g in failed:
         print(f"forge: gate failed: {g.text}", file=sys.stderr)

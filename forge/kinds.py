@@ -1,6 +1,7 @@
 """Stage kinds: the ONE table of what each kind is. A row names the kind's settings class, the stage
-module that runs it, the shape of data it reads, the planner's workload builder and what the
-evaluation suite measures for it; nothing else in forge compares kind names.
+module that runs it, the shape of data it reads, the planner's workload builder, what the
+evaluation suite measures for it and the headline figure the end-of-run summary shows for it;
+nothing else in forge compares kind names.
 
 Adding a kind is one settings class (a StageSettings with `kind: Literal["NAME"]`, which the recipe
 then accepts), one stage file holding `run(stage, inputs) -> StageResult` and one row below. The
@@ -24,10 +25,25 @@ def _resolve(dotted: str) -> Any:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """A stage's headline figure in the end-of-run summary (forge.eval.summary): the key of its
+    result's metrics (the value when the stage began, where the loop measured it, under
+    `<metric>_start`), what the summary calls it, and whether it is a rate shown as a percentage."""
+
+    metric: str
+    label: str
+    percent: bool = False
+
+
+EVAL_LOSS = Headline("eval_loss", "eval loss")
+
+
+@dataclass(frozen=True)
 class Kind:
     settings: type[StageSettings]
     module: str                 # holds run(stage, inputs) -> StageResult
     workload: str | None        # "module:builder" (forge.plan.workloads.Builder); None: nothing to plan
+    headline: Headline = EVAL_LOSS  # the figure its row of the end-of-run summary shows
 
     @property
     def name(self) -> str:
@@ -56,12 +72,13 @@ def _rows(*rows: Kind) -> dict[str, Kind]:
 
 
 KINDS: dict[str, Kind] = _rows(
-    Kind(PretrainStage, "forge.stages.pretrain", "forge.plan.workloads:LM"),
-    Kind(MidtrainStage, "forge.stages.pretrain", "forge.plan.workloads:LM"),
-    Kind(SoupStage, "forge.stages.soup", None),
-    Kind(SftStage, "forge.stages.sft", "forge.plan.workloads:SFT"),
-    Kind(DpoStage, "forge.stages.dpo", "forge.plan.workloads:DPO"),
-    Kind(RftStage, "forge.stages.rft", "forge.plan.workloads:RFT"),
+    Kind(PretrainStage, "forge.stages.pretrain", "forge.plan.workloads:LM", EVAL_LOSS),
+    Kind(MidtrainStage, "forge.stages.pretrain", "forge.plan.workloads:LM", EVAL_LOSS),
+    Kind(SoupStage, "forge.stages.soup", None, Headline("ingredients", "ingredients averaged")),
+    Kind(SftStage, "forge.stages.sft", "forge.plan.workloads:SFT", EVAL_LOSS),
+    Kind(DpoStage, "forge.stages.dpo", "forge.plan.workloads:DPO",
+         Headline("eval_rewards/accuracy", "preference accuracy", percent=True)),
+    Kind(RftStage, "forge.stages.rft", "forge.plan.workloads:RFT", Headline("reward_mean", "mean reward")),
 )
 
 

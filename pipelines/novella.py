@@ -10,14 +10,18 @@ output is evaluated as soon as the stage ends (forge.eval.stage_eval).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from forge import catalog
 from forge.eval.finish import Evaluation, NovellaRun, finish_novella
+from forge.eval.runlog import append, log_path
 from forge.eval.stage_eval import StageEvaluator
+from forge.eval.summary import duration, stage_figure
 from forge.inputs import input_fingerprints, prepare_inputs
+from forge.kinds import row
 from forge.lineage import Lineage, base_spec, new_lineage, source_record, write_novella
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
@@ -28,6 +32,7 @@ from forge.track.protocol import Tracker
 from forge.track.runs import parent_run
 from forge.track.story import log_story
 from forge.train.accel import process_state
+from forge.train.checkpoint import finished_result
 from forge.train.memory import peak_rss_mb, reset_peak_rss
 
 
@@ -41,6 +46,10 @@ class PipelineResult:
     version: int | None = None                  # registered model version
     model_uri: str | None = None
     evaluation: Evaluation | None = None        # gates, comparison, alias
+    walls: dict[str, float | None] = field(default_factory=dict)  # stage name -> wall seconds (None: reused)
+    seconds: float | None = None                # the whole pipeline, wall time
+    export: Path | None = None                  # an export the pipeline wrote (pipelines/quickstart.py)
+    headline: list[tuple[str, str]] | None = None  # (text, metric): the summary's start-vs-Novella lines
 
 
 def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
@@ -48,7 +57,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
     """Run the whole recipe. `plans` / `comparison`: stage name -> plan(s), made once by the caller.
     `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint.
     `folder`: the forge.rundir.RunFolder the caller holds (run identity, input fingerprints)."""
-    state, out = process_state(), Path(recipe.output)
+    state, out, started = process_state(), Path(recipe.output), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     resolved = resolved_yaml(recipe)
     if state.is_main_process:
@@ -74,13 +83,13 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         p = PipelineState(tracker, inputs, place,
                           Planned(plans, comparison, recipe_model_config(recipe)), parent.runs,
                           state.is_main_process and state.num_processes == 1, log=log)
-        results = _run_stages(recipe, p, lineage)
+        results, walls = _run_stages(recipe, p, lineage)
         lineage.metrics = results[-1].metrics
         novella = out / "novella"
         if state.is_main_process:
             write_novella(results[-1].checkpoint, novella, lineage)
         state.wait_for_everyone()
-        result = PipelineResult(out, novella, parent.run_id, lineage.metrics, results)
+        result = PipelineResult(out, novella, parent.run_id, lineage.metrics, results, walls=walls)
         if state.is_main_process:  # evaluate, gate, model card, register: forge.eval.finish
             done = NovellaRun(novella, lineage, results, inputs.sources, inputs.base, plans, parent.runs.stages,
                               parent.run_id)
@@ -88,19 +97,26 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
             result.version = lineage.evaluation.version if lineage.evaluation is not None else None
             result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
         _log_novella(tracker, lineage, plans, result.model_uri)
+        if state.is_main_process and log_path(out).is_file():
+            tracker.log_artifact(log_path(out))  # the run's log so far: every stage's figures
+    result.seconds = time.perf_counter() - started
     return result
 
 
-def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> list[Any]:
+def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> tuple[list[Any], dict[str, float | None]]:
     """Each stage from the previous one's output (the first from the base), its record added to
-    `lineage` and, with `eval.after_each_stage`, its output evaluated as soon as it ends."""
+    `lineage` and, with `eval.after_each_stage`, its output evaluated as soon as it ends. Each
+    stage's figures go to the run's log (forge.eval.runlog) and its MLflow run; the terminal gets
+    one short line. Returns the results and each stage's wall time (None: reused from a run before)."""
     state, inputs = process_state(), p.inputs
-    checkpoint, results = inputs.base, []
+    checkpoint, results, walls = inputs.base, [], {}
     each = recipe.eval is not None and recipe.eval.after_each_stage
     evaluator = StageEvaluator(recipe, inputs.sources, inputs.base, p.place.out, p.tracker, p.log) \
         if each and state.is_main_process else None
     for i, stage in enumerate(recipe.stages):
         p.log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
+        began = time.perf_counter()
+        reused = p.place.resume and finished_result(p.place.out / "stages" / stage.name / "final") is not None
         result, record = run_stage(i, stage, checkpoint, p)
         if evaluator is not None:  # into the stage's run now, before the next stage's run starts
             record.evaluation = evaluator.after(stage.name, result.checkpoint, p.runs.stages.get(stage.name))
@@ -110,10 +126,19 @@ def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> list[Any]
         for name, n in result.tokens_by_source.items():
             lineage.data[name].tokens += n
             lineage.data[name].skipped_records = len(inputs.raw[name].skipped)
-        p.log("  " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+        walls[stage.name] = None if reused else time.perf_counter() - began
+        _say_stage(p, stage, result, walls[stage.name])
         checkpoint = result.checkpoint
         results.append(result)
-    return results
+    return results, walls
+
+
+def _say_stage(p: PipelineState, stage: Any, result: Any, wall: float | None) -> None:
+    """A stage's every figure (key=value) into the run's log, one short line on the terminal."""
+    if process_state().is_main_process:
+        append(p.place.out, f"  {stage.name}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+    done = "reused from an earlier run" if wall is None else f"done in {duration(wall)}"
+    p.log(f"  {stage.name}: {done}; {stage_figure(row(stage).headline, result.metrics)}")
 
 
 def _log_novella(tracker: Tracker, lineage: Lineage, plans: dict[str, Any], model_uri: str | None) -> None:

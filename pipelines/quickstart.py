@@ -1,7 +1,8 @@
 """The quickstart pipeline: the Novella pipeline (stages, evaluation against the starting
 checkpoint, gates, registration: pipelines/novella.py), then the Novella exported for Amazon
 Bedrock Custom Model Import, and the start-versus-Novella headline (fact recall on held-out and on
-training phrasings, general perplexity, instruction following) printed and logged on the run.
+training phrasings, general perplexity, instruction following) logged on the run and shown as the
+start-versus-Novella lines of the run's summary (forge.eval.summary, printed by `forge run`).
 
     forge run recipes/quickstart.yaml
 """
@@ -15,7 +16,6 @@ from typing import Any, Callable
 
 from forge.eval.suite import NOVELLA, START, resolve_suite
 from forge.recipe import Recipe
-from forge.track.names import summary_value
 from forge.track.protocol import Tracker
 from forge.train.accel import process_state
 from pipelines import novella
@@ -40,8 +40,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
     export = export_bedrock(result.novella, out.with_name(f"{out.name}-bedrock"), recipe.tracking_uri, log)
     lines = headline(recipe, result.evaluation.comparison.metrics)
     seconds = time.perf_counter() - started
-    for text in headline_lines(lines, seconds, export):
-        log(text)
+    result.export, result.seconds, result.headline = export, seconds, [(x.text, x.metric) for x in lines]
     if result.run_id:
         values = {f"{label}.{x.metric}": v for x in lines for label, v in ((START, x.start), (NOVELLA, x.novella))
                   if v is not None}
@@ -80,25 +79,4 @@ def headline(recipe: Recipe, metrics: dict[str, dict[str, float]]) -> list[Line]
         start, end = metrics.get(START, {}).get(name), metrics.get(NOVELLA, {}).get(name)
         if start is not None or end is not None:
             out.append(Line(text.format(general=general), name, start, end))
-    return out
-
-
-def show(metric: str, value: float | None) -> str:
-    """A figure for a person: a rate as a percentage, a rise as a signed one, a perplexity as it is."""
-    if value is None:
-        return "-"
-    if metric.startswith("ppl."):
-        return f"{value:.2f}"
-    return f"{100 * value:+.1f}%" if metric.startswith("retention.") else f"{100 * value:.1f}%"
-
-
-def headline_lines(lines: list[Line], seconds: float, export: Path) -> list[str]:
-    """The printed summary: one line per metric, start -> Novella, then the same figures as MLflow
-    holds them (params `quickstart.start.<metric>` and `quickstart.novella.<metric>` of the run)."""
-    width = max([len(x.text) for x in lines] or [0])
-    out = [f"quickstart: start -> Novella ({seconds:.0f} s in all; Bedrock export: {export})"]
-    for x in lines:
-        shown = f"{show(x.metric, x.start)} -> {show(x.metric, x.novella)}"
-        exact = " -> ".join(summary_value(v) if v is not None else "-" for v in (x.start, x.novella))
-        out.append(f"  {x.text.ljust(width)}  {shown.ljust(17)}  ({x.metric}: {exact})")
     return out

@@ -12,9 +12,11 @@ from forge.eval.card import write_model_card
 from forge.eval.gates import GateResult, check_gates, passed
 from forge.eval.registry import Decision, Standing, register
 from forge.eval.report import format_table, plot, to_markdown
+from forge.eval.runlog import append
 from forge.eval.stage_eval import open_cache
 from forge.eval.suite import NOVELLA, START, Comparison, primary_metric, resolve_suite, run_suite
 from forge.lineage import ComputeRecord, EvaluationRecord, Lineage
+from forge.recipe import Base
 from forge.track.notes import base_summary, model_description, plan_line
 from forge.track.protocol import Tracker
 
@@ -25,6 +27,8 @@ class Evaluation:
     gates: list[GateResult] = field(default_factory=list)
     primary: str = ""
     decision: Decision | None = None
+    reference: str = ""         # what the start is: the checkpoint the customization began from
+    scratch_only: bool = False  # the start is a random initialisation (one stage from scratch)
 
     @property
     def passed(self) -> bool:
@@ -68,17 +72,32 @@ def compute_record(stages: list[Any], results: list[Any], plans: dict[str, Any])
     return out
 
 
+def reference(recipe: Any, base: Path, results: list) -> tuple[Path, str]:
+    """The checkpoint the recipe's customization began from, and what it is: the base (a folder or a
+    catalog phase), or, where the base is trained from scratch and more stages follow, the first
+    stage's output (retention against a random initialisation means nothing)."""
+    if isinstance(recipe.base, Base) and len(results) > 1:
+        first = recipe.stages[0].name
+        return Path(results[0].checkpoint), f"{first}'s output, as the base is trained from scratch"
+    if isinstance(recipe.base, Base):
+        return Path(base), "a random initialisation (the base is trained from scratch)"
+    return Path(base), f"the base, {recipe.base}"
+
+
 def evaluate_run(recipe, base: Path, results: list, novella: Path, sources: dict, log=print,
                  cache=None) -> tuple[Evaluation, object, dict]:
-    """The recipe's suite on start, (each stage,) Novella; the gates on the Novella. With the run
-    folder's `cache`, what was measured when a stage ended is not measured again."""
+    """The recipe's suite on start (the checkpoint the customization began from: `reference`),
+    (each stage,) Novella; the gates on the Novella. With the run folder's `cache`, what was
+    measured when a stage ended is not measured again."""
     suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
-    models = {START: Path(base)}
+    start, what = reference(recipe, base, results)
+    models = {START: start}
     if suite.after_each_stage:
         models.update({s.name: r.checkpoint for s, r in zip(recipe.stages[:-1], results[:-1])})
     models[NOVELLA] = Path(novella)
     comparison = run_suite(models, suite, sources, log=log, cache=cache)
-    ev = Evaluation(comparison, check_gates(suite, comparison.metrics[NOVELLA]), primary_metric(suite))
+    ev = Evaluation(comparison, check_gates(suite, comparison.metrics[NOVELLA]), primary_metric(suite),
+                    reference=what, scratch_only=isinstance(recipe.base, Base) and len(results) < 2)
     return ev, suite, models
 
 
@@ -104,9 +123,8 @@ def finish_novella(recipe: Any, run: NovellaRun, tracker: Tracker, log: Callable
     out, lineage, stage_runs = Path(recipe.output), run.lineage, run.stage_runs
     cache = open_cache(resolve_suite(recipe.eval, recipe.stages, recipe.data), run.sources, out)
     ev, suite, models = evaluate_run(recipe, run.base, run.results, run.novella, run.sources, log, cache)
-    log(format_table(ev.comparison).rstrip())
-    for g in ev.gates:
-        log(f"gate {g.text}")
+    # the full table and each gate go to the run's log; the terminal's summary (forge.eval.summary) is short
+    append(out, "\n".join([format_table(ev.comparison).rstrip(), *(f"gate {g.text}" for g in ev.gates)]))
     lineage.evaluation = evaluation = ev.record(suite)
     lineage.compute = compute_record(recipe.stages, run.results, run.plans)
     last = recipe.stages[-1].name  # the Novella is the last stage's output: its run gets those figures

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge.eval.cache import EvalCache, suite_key
+from forge.eval.runlog import append
 from forge.eval.suite import START, resolve_suite, run_suite
 from forge.track.protocol import Tracker
 
@@ -34,7 +35,7 @@ class StageEvaluator:
     def __init__(self, recipe: Any, sources: dict[str, Any], base: Path, out: Path, tracker: Tracker,
                  log: Callable[[str], None] = print):
         self.suite = resolve_suite(recipe.eval, recipe.stages, recipe.data)
-        self.sources, self.base, self.tracker, self.log = sources, Path(base), tracker, log
+        self.sources, self.base, self.tracker, self.log, self.out = sources, Path(base), tracker, log, Path(out)
         self.cache = open_cache(self.suite, sources, out)
 
     def after(self, stage: str, checkpoint: Path, run_id: str | None) -> dict[str, float]:
@@ -44,5 +45,5 @@ class StageEvaluator:
                                log=self.log, cache=self.cache)
         metrics = comparison.metrics[stage]
         log_once(self.tracker, self.cache, run_id, Path(checkpoint), metrics)
-        self.log("  eval: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        append(self.out, f"  {stage}: eval: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))  # the run's log
         return metrics
