@@ -22,7 +22,7 @@ import numpy as np
 
 from forge.data.dedup import ExactIndex, MinHashLSH, NgramIndex, WordHasher, shingles, words
 from forge.data.hygiene import PII_TYPES, Hygiene, HygieneConfig, HygieneStats
-from forge.data.parallel import BATCH_CHARS, SHARD_BYTES, Engine, Shard, file_shards, record_shards
+from forge.data.parallel import BATCH_CHARS, Engine, Shard, file_shards, peak_mb, record_shards, shard_count
 from forge.data.sources import Source
 from forge.errors import ForgeError
 
@@ -47,6 +47,7 @@ class Screened:
     stats: dict                        # HygieneStats.to_state()
     skips: list                        # (position, path, line, message) of bad records
     error: tuple[int, str] | None      # (position, message): the shard's first refusal
+    peak_mb: float = 0.0               # the worker's peak resident memory so far
 
 
 @lru_cache(maxsize=2)
@@ -100,7 +101,7 @@ def screen(task: Screen) -> Screened:
         keys = lsh.band_keys(sig[rows]) if len(rows) else np.empty((0, lsh.bands), np.uint64)
         _save_parts(task, keys.ravel(), "k", np.repeat(rows, lsh.bands))
     state = h.stats.sources.get(source.name, HygieneStats(pii=dict(h.stats.pii))).to_state()
-    return Screened(pos[0], len(numbers), state, skips, error)
+    return Screened(pos[0], len(numbers), state, skips, error, peak_mb())
 
 
 def _save_parts(task: Screen, keys: np.ndarray, tag: str, rows: np.ndarray) -> None:
@@ -196,7 +197,7 @@ def clean_in_shards(cfg: HygieneConfig, sources: dict[str, Source], todo: list[s
     def tasks() -> Iterator[Screen]:
         for name in todo:
             try:
-                for shard in _shards(sources[name]):
+                for shard in _shards(sources[name], engine.workers):
                     meta.append((name, sources[name], shard.records is None))
                     yield Screen(shard, cfg, index, str(spill / f"s{len(meta) - 1}"), parts)
             except ForgeError as e:  # read here: raised once the shards before it are checked
@@ -204,8 +205,9 @@ def clean_in_shards(cfg: HygieneConfig, sources: dict[str, Source], todo: list[s
                 return
 
     results = list(engine.map(screen, tasks(), "data: hygiene (PII, secrets, decontamination) by shard",
-                              _estimate(sources, todo), count=lambda r: r.items))
+                              _estimate(sources, todo, engine.workers), count=lambda r: r.items))
     _refuse(meta, results)
+    clean_in_shards.peak_mb = max((r.peak_mb for r in results), default=0.0)  # for benchmarks: one worker's peak
     if failed:
         raise failed[0]
     prefixes = [str(spill / f"s{i}") for i in range(len(results))]
@@ -223,16 +225,17 @@ def clean_in_shards(cfg: HygieneConfig, sources: dict[str, Source], todo: list[s
     return _write(cfg, meta, results, (prefixes, offsets, exact, near), out, engine)
 
 
-def _shards(source: Source) -> Iterator[Shard]:
+def _shards(source: Source, workers: int) -> Iterator[Shard]:
     if source.splittable:
-        yield from file_shards(source)
+        yield from file_shards(source, workers)
     else:
         yield from record_shards(source)
 
 
-def _estimate(sources: dict[str, Source], todo: list[str]) -> int:
-    return sum(max(1, math.ceil(sources[n].size_bytes / (SHARD_BYTES if sources[n].splittable else BATCH_CHARS)))
-               for n in todo)
+def _estimate(sources: dict[str, Source], todo: list[str], workers: int) -> int:
+    """The shards the sources will make (record batches: estimated from the bytes)."""
+    return sum(sum(shard_count(p.stat().st_size, workers) for p in sources[n].files) if sources[n].splittable
+               else max(1, math.ceil(sources[n].size_bytes / BATCH_CHARS)) for n in todo)
 
 
 class _Signatures:

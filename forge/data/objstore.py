@@ -99,3 +99,40 @@ def mirror(url: str, root: Path, data_suffixes: tuple[str, ...]) -> tuple[Path, 
             tag.write_text(etag)
         out.append(local)
     return tuple(out)
+
+
+def put_dir(local: Path, url: str, marker: str) -> None:
+    """Upload a folder's files under the prefix `url`, `marker` last (its presence says the rest is there)."""
+    scheme, bucket, key = _split(url.rstrip("/"))
+    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: (p.name == marker, str(p)))
+    for p in files:
+        dest = f"{key}/{p.relative_to(local).as_posix()}"
+        try:
+            if scheme == "s3":
+                _s3().upload_file(str(p), bucket, dest)
+            else:
+                _fsspec(scheme, url).put(str(p), f"{bucket}/{dest}")
+        except Exception as e:
+            raise ForgeError(f"{scheme}://{bucket}/{dest}: cannot write the object ({type(e).__name__}: {e})") from None
+
+
+def get_dir(url: str, local: Path, marker: str) -> bool:
+    """Download the folder under the prefix `url` into `local` (which must not exist) when its `marker`
+    object is there; False when it is not (nothing prepared there yet)."""
+    prefix = url.rstrip("/") + "/"
+    found = [k for k, _ in _listing(prefix, ("",))]
+    _, bucket, key = _split(prefix)
+    if f"{key}{marker}" not in found:
+        return False
+    scheme = url.split("://", 1)[0]
+    for k in found:
+        dest = local / k[len(key):]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if scheme == "s3":
+                _s3().download_file(bucket, k, str(dest))
+            else:
+                _fsspec(scheme, url).get(f"{bucket}/{k}", str(dest))
+        except Exception as e:
+            raise ForgeError(f"{scheme}://{bucket}/{k}: cannot read the object ({type(e).__name__}: {e})") from None
+    return True

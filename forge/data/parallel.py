@@ -1,6 +1,7 @@
 """Data preparation beyond one core: the recipe's `prepare:` settings, the engine that runs a phase's
 tasks in worker processes (spawned, so safe beside torch and threads), and how a source is cut into
-shards. Shards depend on the data alone, never on the number of workers, so the output does not either.
+shards. What the phases produce does not depend on where the shards are cut, so neither on the number
+of workers (tests/data/test_parallel_prep.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from pydantic import ConfigDict
 
 from forge.data.hygiene import ConfigError
+from forge.data.objstore import is_remote
 from forge.data.sources import Source
 from forge.progress import QUIET_S, progress, say
 
@@ -34,10 +36,14 @@ class PrepareConfig:
     __pydantic_config__ = ConfigDict(extra="forbid")
     workers: int | None = None  # worker processes; None: the cores this process may use
     engine: Literal["local"] = "local"
+    cache: str | None = None  # s3://bucket/prefix (or gs://, az://): the cleaned cache shared by every node
 
     def __post_init__(self) -> None:
         if self.workers is not None and not 1 <= self.workers <= 4096:
             raise ConfigError(f"prepare.workers: must be between 1 and 4096 (got {self.workers!r})")
+        if self.cache is not None and not is_remote(self.cache):
+            raise ConfigError(f"prepare.cache: must be an object-store prefix such as s3://bucket/prefix "
+                              f"(got {self.cache!r}); the local cache is always OUTPUT/data")
 
     @property
     def processes(self) -> int:
@@ -172,12 +178,13 @@ class Shard:
             yield self.path, line, item
 
 
-def file_shards(source: Source, start_index: int = 0) -> list[Shard]:
-    """A splittable source's byte-range shards: SHARD_BYTES each, cut at line starts, numbered."""
+def file_shards(source: Source, workers: int = 1) -> list[Shard]:
+    """A splittable source's byte-range shards, cut at line starts: at most SHARD_BYTES each, and
+    for a small file at least 4 a worker (of 1 MB or more), so that every worker has work."""
     shards: list[Shard] = []
     for path in source.files:
         size = path.stat().st_size
-        n = max(1, math.ceil(size / SHARD_BYTES))
+        n = shard_count(size, workers)
         cuts = [0]
         with open(path, "rb") as f:
             for k in range(1, n):
@@ -187,9 +194,14 @@ def file_shards(source: Source, start_index: int = 0) -> list[Shard]:
                     cuts.append(f.tell())
         cuts.append(size)
         lines = _line_numbers(path, cuts[:-1])
-        shards += [Shard(source, start_index + len(shards) + i, path, a, b, line)
+        shards += [Shard(source, len(shards) + i, path, a, b, line)
                    for i, (a, b, line) in enumerate(zip(cuts, cuts[1:], lines))]
     return shards
+
+
+def shard_count(size: int, workers: int) -> int:
+    """How many byte-range shards a file of `size` bytes is cut into (see file_shards)."""
+    return max(1, math.ceil(size / SHARD_BYTES), min(4 * workers, size >> 20))
 
 
 def _line_numbers(path: Path, offsets: list[int]) -> list[int]:
@@ -217,3 +229,18 @@ def record_shards(source: Source) -> Iterator[Shard]:
             batch, chars, index = [], 0, index + 1
     if batch or index == 0:
         yield Shard(source, index, records=tuple(batch))
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory (VmHWM: its own, unlike ru_maxrss, which a spawned
+    process inherits from the one that forked it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

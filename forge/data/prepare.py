@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 from forge.data.cleanshards import clean_in_shards
 from forge.data.dedup import NgramIndex
 from forge.data.hygiene import HygieneConfig
+from forge.data.objstore import get_dir, put_dir
 from forge.data.parallel import Engine, PrepareConfig
 from forge.data.sources import Source
 from forge.files import atomic_dir
@@ -33,6 +36,12 @@ def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str
                 "evals": {n: fingerprints[n] for n in evals}}
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     cache = out_dir / f"clean-{key}"
+    shared = f"{prepare.cache.rstrip('/')}/clean-{key}" if prepare is not None and prepare.cache else None
+    if not (cache / "stats.json").is_file() and shared is not None:  # another node may have made it
+        with phase(f"data: looking for the cleaned cache at {shared}"):
+            fetched = _fetch(shared, cache)
+        if fetched:
+            shared = None
     if not (cache / "stats.json").is_file():
         workers = (prepare or PrepareConfig()).processes
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -48,8 +57,24 @@ def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str
                 with Engine(workers) as engine:
                     stats = clean_in_shards(cfg, sources, todo, ngrams, tmp, Path(spill), engine)
             (tmp / "stats.json").write_text(json.dumps(stats.as_dict(), indent=1))
+        if shared is not None:
+            with phase(f"data: sharing the cleaned cache at {shared}"):
+                put_dir(cache, shared, "stats.json")
     cleaned = dict(sources)
     for name in todo:
         cleaned[name] = replace(sources[name], files=(cache / f"{name}.jsonl",), format="jsonl",
                                 text_fields=("text",), saved_dataset=None, hub=None, on_error="fail", skipped={})
     return cleaned, json.loads((cache / "stats.json").read_text())
+
+
+def _fetch(url: str, cache: Path) -> bool:
+    """The cleaned cache from the object store into `cache` (whole, or not at all)."""
+    part = cache.with_name(cache.name + ".fetch")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        if not get_dir(url, part, "stats.json"):
+            return False
+        os.replace(part, cache)
+        return True
+    finally:
+        shutil.rmtree(part, ignore_errors=True)

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from forge.data.head_encode import HeadCutter
-from forge.data.parallel import Engine, Shard, file_shards, record_shards
+from forge.data.parallel import BATCH_CHARS, Engine, Shard, file_shards, record_shards
 from forge.data.sources import Source
 from forge.errors import ForgeError
 from forge.files import atomic_dir
@@ -157,7 +157,8 @@ def token_cache(source: Source, tokenizer, folder: Path, workers: int) -> TokenC
         return TokenCache(cache)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_dir(cache) as tmp, Engine(workers) as engine:
-        shards = file_shards(source) if source.splittable else record_shards(source)
+        shards = file_shards(source, workers) if source.splittable else record_shards(source)
+        total = len(shards) if isinstance(shards, list) else max(1, -(-source.size_bytes // BATCH_CHARS))
         kinds: list[bool] = []
         # a worker gets the Rust tokenizer alone when there is one (it loads without transformers)
         fast = Encoder(tokenizer).backend or tokenizer
@@ -167,7 +168,6 @@ def token_cache(source: Source, tokenizer, folder: Path, workers: int) -> TokenC
                 kinds.append(shard.records is None)
                 yield Encode(shard, fast, str(tmp / str(len(kinds) - 1)))
 
-        total = max(1, -(-source.size_bytes // (32 << 20)))
         reads = list(engine.map(encode_shard, tasks(), f"data: tokenizing {source.name} by shard", total,
                                 count=lambda n: n))
         bases, seen = [], 0

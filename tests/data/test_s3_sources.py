@@ -87,3 +87,28 @@ def test_a_recipe_accepts_an_s3_path_without_looking_it_up(tmp_path):
                                "stages": [{"kind": "pretrain", "name": "p", "mixture": {"crm": 1.0}, "max_steps": 1}],
                                "prepare": {"workers": 2}})
     assert r.data["crm"].path == "s3://acme/crm/*.jsonl" and r.prepare.processes == 2
+
+
+def test_the_cleaned_cache_is_shared_through_s3(s3, tmp_path, capfd):
+    from forge.data.hygiene import HygieneConfig
+    from forge.data.parallel import PrepareConfig
+    from forge.data.prepare import clean_sources
+
+    s3.put_object(Bucket="acme", Key="crm/a.jsonl", Body=_lines(["mail ann@acme.com now", "same", "same"]))
+    shared = PrepareConfig(workers=1, cache="s3://acme/prepared")
+    one = {"crm": resolve_source("crm", DataSource(path="s3://acme/crm/a.jsonl"), tmp_path / "node0")}
+    first, stats = clean_sources(HygieneConfig(), one, ["crm"], {"crm": one["crm"].fingerprint()}, tmp_path / "node0",
+                                 shared)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="acme", Prefix="prepared/")["Contents"]]
+    assert f"prepared/{first['crm'].files[0].parent.name}/stats.json" in keys
+    # a second node with the same data and settings downloads it instead of cleaning again
+    capfd.readouterr()
+    two = {"crm": resolve_source("crm", DataSource(path="s3://acme/crm/a.jsonl"), tmp_path / "node1")}
+    fetched, again = clean_sources(HygieneConfig(), two, ["crm"], {"crm": two["crm"].fingerprint()},
+                                   tmp_path / "node1", PrepareConfig(workers=1, cache="s3://acme/prepared/"))
+    assert fetched["crm"].files[0].read_bytes() == first["crm"].files[0].read_bytes() and again == stats
+    assert [t for _, t in fetched["crm"].records()] == ["mail <EMAIL> now", "same"]
+    err = capfd.readouterr().err
+    assert "data: looking for the cleaned cache at s3://acme/prepared/clean-" in err and "data: cleaning" not in err
+    with pytest.raises(ValueError, match="prepare.cache: must be an object-store prefix"):
+        PrepareConfig(cache="/tmp/x")
