@@ -192,7 +192,7 @@ def run(stage: RftStage, inputs: StageInputs) -> StageResult:
     rewards: list[Reward] = []
     try:  # the Python rewards' worker processes live as long as the stage
         for spec in stage.rewards:
-            rewards.append(Reward(spec))  # fails before any model loads on a bad source
+            rewards.append(Reward(spec, cache_dir=inputs.out_dir / "judge"))  # fails before any model loads on a bad source
         return _train(stage, inputs, rows, rewards)
     finally:
         for reward in rewards:
