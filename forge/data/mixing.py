@@ -92,12 +92,14 @@ class TokenStream:
         if self.sep_after:
             yield [self.sep_id]
 
-    def _ready(self, docs: list[str | np.ndarray]) -> list[list[int] | str | np.ndarray]:
-        """Short documents as their ids with the separator; a long one stays as it is until it is read."""
+    def _ready(self, docs: list[str | np.ndarray]) -> list:
+        """Short documents as their ids with the separator (cached ones stay numpy: a block converts
+        only its pieces); a long one stays as it is (cached ids in a 1-tuple) until it is read."""
         texts = iter(self._encode([d for d in docs if isinstance(d, str) and not self._long(d)]))
-        sep = [self.sep_id]
-        return [d if self._long(d) else (d.tolist() + sep if self.sep_after else sep + d.tolist())
-                if isinstance(d, np.ndarray) else next(texts) for d in docs]
+        sep = np.array([self.sep_id], dtype=np.int64)
+        return [(d,) if isinstance(d, np.ndarray) and self._long(d) else d if isinstance(d, str) and self._long(d)
+                else np.concatenate((d, sep) if self.sep_after else (sep, d)) if isinstance(d, np.ndarray)
+                else next(texts) for d in docs]
 
     def _fill(self) -> bool:
         """Queue the next batch of encoded documents; False when the source has none left."""
@@ -122,7 +124,7 @@ class TokenStream:
             self._open()
         return True
 
-    def take(self, n: int) -> list[int]:
+    def take(self, n: int) -> list[int] | np.ndarray:
         """Up to `n` tokens from the current document (starting the next one when needed)."""
         while self._pos >= len(self._cur):
             window = next(self._rest, None) if self._rest is not None else None
@@ -133,7 +135,10 @@ class TokenStream:
                 return []
             self._cur_record, doc = self._queue.popleft()
             self._offset, self._pos = 0, 0
-            self._cur, self._rest = (doc, None) if isinstance(doc, list) else ([], self._windows(doc))
+            if isinstance(doc, (list, np.ndarray)):  # ready: its ids with the separator
+                self._cur, self._rest = doc, None
+            else:  # a long document: its windows, one at a time
+                self._cur, self._rest = [], self._windows(doc[0] if isinstance(doc, tuple) else doc)
         piece = self._cur[self._pos:self._pos + n]
         self._pos += len(piece)
         self._offset += len(piece)
@@ -189,7 +194,7 @@ class MixedBlocks:
             name = max(active, key=lambda k: self.weights[k] / total * seen - self.taken[k])
             stream = self.streams[name]
             piece = stream.take(self.seq_len - len(block))
-            if not piece:
+            if not len(piece):
                 if stream.repeat and self.on_exhausted == "fail":
                     raise ForgeError(
                         f"data source {name!r} ran out after {stream.repeats} repeat(s) (max_repeats "
@@ -198,7 +203,7 @@ class MixedBlocks:
                     self.rebalanced.append(name)
                 active.remove(name)
                 continue
-            block += piece
+            block += piece.tolist() if isinstance(piece, np.ndarray) else piece
             self.taken[name] += len(piece)
         return block if len(block) == self.seq_len else None
 
