@@ -16,10 +16,13 @@ from forge.errors import ForgeError, not_safetensors
 from forge.kinds import row
 from forge.eval import evaluators as E
 from forge.eval import recall
+from forge.eval.gen_qa import gen_qa, qa_rows, read_jsonl
+from forge.eval.judge_eval import llm_judge, open_judge, prompt_rows as judge_rows
 from forge.lm.perplexity import source_blocks
 from forge.eval.reward import RewardRun, load_rewards, mean_reward
 from forge.lm.generation import Sampling
 from forge.recipe.eval import EvalBlock
+from forge.recipe.judge import is_file_source
 
 SCHEMA = "forge.eval/1"
 START, NOVELLA = "start", "novella"  # the labels of the starting checkpoint and the Novella in a run's comparison
@@ -183,6 +186,11 @@ def prompt_rows(suite: EvalBlock, sources: dict) -> list[dict]:
     return [r for w, r in rows if _field(r, rw.prompt_field, w, "eval.reward.prompt_field") is not None]
 
 
+def _rows_of(block, sources: dict) -> list[tuple[str, dict]]:
+    """eval.gen_qa's / eval.llm_judge's rows: its JSONL file, or its data source's `split` records."""
+    return read_jsonl(block.source) if is_file_source(block.source) else _records(sources[block.source], block.split)
+
+
 def _tokenizer_key(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
@@ -229,6 +237,10 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
     instruct = instruct_pairs(suite, sources) if suite.instruct else None
     prefs = preference_pairs(suite, sources) if suite.preference else None
     prompts = prompt_rows(suite, sources) if suite.reward else None
+    gq, lj = suite.gen_qa, suite.llm_judge
+    qa_gen = qa_rows(_rows_of(gq, sources), gq.question_field, gq.answer_field, gq.limit) if gq else None
+    judged = judge_rows(_rows_of(lj, sources), lj.prompt_field, lj.limit) if lj else None
+    judge = open_judge(lj, cache.path.parent / "judge" if cache is not None else None) if lj else None
     rewards = load_rewards(suite.reward.rewards, root) if suite.reward else None  # bad sources fail before any model loads
     ppl_sources = list(dict.fromkeys([*suite.domain, *suite.general, *suite.perplexity]))
     blocks_cache: dict[str, dict] = {}
@@ -274,6 +286,10 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
                 run = RewardRun(rw.prompt_field, Sampling(rw.max_new_tokens, rw.temperature, rw.samples), device,
                                 suite.batch_size, rw.seed)
                 m.update(mean_reward(model, tok, prompts, rewards, run, f"eval.reward on {label}"))
+            if qa_gen is not None and fits(label, "gen_qa"):
+                m.update(gen_qa(model, tok, qa_gen, gq, device, suite.separator))
+            if judge is not None and fits(label, "llm_judge"):
+                m.update(llm_judge(model, tok, judged, judge, lj, device))
             for spec, fn in customs:
                 if fits(label, spec):
                     m.update(E.run_custom(spec, fn, model, tok, sources, device))
@@ -288,6 +304,8 @@ def run_suite(models: dict[str, Path], suite: EvalBlock, sources: dict, root: Pa
     finally:
         for reward in rewards or []:
             reward.close()
+        if judge is not None:
+            judge.close()
     first = out[next(iter(models))]
     for label in models:
         out[label].update(E.relative_change(out[label], first, suite.general, suite.domain))

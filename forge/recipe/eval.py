@@ -6,8 +6,9 @@ Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<sour
 `domain_gain.<source>` (domain sources: relative perplexity decrease), `fact_recall.exact` /
 `fact_recall.contains` (with a split_field: `fact_recall.<split>.exact`, e.g. `fact_recall.heldout.exact`),
 `instruct.accuracy` / `instruct.contains`, `preference_accuracy`, `reward.mean` (weighted total) and
-`reward.<source>.mean` per reward source, `<function>.<key>` for custom evaluators and
-`lm_eval.<task>.<metric>`.
+`reward.<source>.mean` per reward source, `<function>.<key>` for custom evaluators,
+`lm_eval.<task>.<metric>`, `llm_judge.<rubric>.mean` / `.std` (an LLM judge's grades, forge.recipe.judge)
+and `gen_qa.exact_match` / `gen_qa.f1` / `gen_qa.rouge_l` (generated answers against references).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from forge.recipe.data import NAME, Strict
+from forge.recipe.judge import LlmJudge, is_file_source
 from forge.recipe.settings import RewardSource
 
 
@@ -87,6 +89,20 @@ class MeanReward(Strict):
         return self
 
 
+class GenQa(Strict):
+    """Generative QA on your own question/reference file (or a data source): greedy answers scored
+    by SQuAD exact match and token F1, and ROUGE-L (LCS F-measure), each the best over a question's
+    references (`answer_field` may hold one string or a list)."""
+
+    source: str = Field(description="a JSONL file of question/answer rows, or a data source name")
+    question_field: str = "question"
+    answer_field: str = "answer"
+    split: Literal["all", "train", "heldout"] = Field("all", description="a data source's records to use")
+    chat: bool = Field(True, description="ask through the model's chat template as a user turn (else plain text)")
+    limit: int = Field(100, gt=0, description="at most this many questions (the first ones)")
+    max_new_tokens: int = Field(32, gt=0, le=4096)
+
+
 class LmEval(Strict):
     """Benchmarks through lm-eval (`pip install 'forge[eval]'`), run on the in-memory model."""
 
@@ -122,6 +138,8 @@ class EvalBlock(Strict):
     reward: MeanReward | None = None
     custom: list[str] = Field(default_factory=list, description="evaluators as 'file.py:function'")
     lm_eval: LmEval | None = None
+    llm_judge: LlmJudge | None = None
+    gen_qa: GenQa | None = None
     seq_len: int | None = Field(None, ge=8, description="default: the last training stage's seq_len")
     max_blocks: int = Field(16, gt=0, description="held-out blocks per source")
     batch_size: int = Field(8, gt=0)
@@ -140,6 +158,7 @@ class EvalBlock(Strict):
         names = [*(self.domain or []), *(self.general or []), *self.perplexity]
         names += [x.source for x in (self.fact_recall, self.instruct, self.preference, self.reward)
                   if x is not None and x.source]
+        names += [x.source for x in (self.llm_judge, self.gen_qa) if x is not None and not is_file_source(x.source)]
         return list(dict.fromkeys(names))
 
 

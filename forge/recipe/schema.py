@@ -37,6 +37,7 @@ from forge.recipe.settings import (  # noqa: E402,F401  (re-exported with the sc
 )
 from forge.recipe.registry import AnyStage, StageSettings, stage_kinds  # noqa: E402,F401
 from forge.recipe.eval import EvalBlock  # noqa: E402
+from forge.recipe.judge import resolve_judge_paths  # noqa: E402
 
 Stage = AnyStage  # stages[i]: the settings class registered under the item's kind (forge/recipe/registry.py)
 
@@ -379,6 +380,7 @@ def resolve_paths(raw: dict, root: Path) -> dict:
         if isinstance(r, dict) and isinstance(r.get("source"), str) and ".py:" in r["source"]:
             file, _, fn = r["source"].rpartition(":")  # as a stage's reward file: relative to the recipe
             r["source"] = f"{fix(file)}:{fn}"
+    resolve_judge_paths(ev, out.get("stages") if isinstance(out.get("stages"), list) else [], fix)
     lm = ev.get("lm_eval") if isinstance(ev.get("lm_eval"), dict) else {}
     if isinstance(lm.get("tasks"), list):  # task YAML files, relative to the recipe
         lm["tasks"] = [fix(x) if isinstance(x, str) and x.endswith((".yaml", ".yml")) else x for x in lm["tasks"]]
