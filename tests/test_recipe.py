@@ -45,7 +45,7 @@ BAD = {
     "unknown mixture source": (lambda t: _with_stage(t, mixture={"nope": 1.0}), "stages[0].mixture.nope: unknown data source"),
     "zero weight": (lambda t: _with_stage(t, mixture={"general": 0.0}), "mixture weights must be > 0"),
     "missing data file": (lambda t: base_recipe(t, data={"general": {"path": str(t / "absent.jsonl")}}),
-                          "data.general.path: no file"),
+                          "absent.jsonl' does not exist"),
     "path and generate": (lambda t: base_recipe(t, data={"general": {"path": "a", "generate": {"kind": "stories", "documents": 3}}}),
                           "data.general"),
     "base not a checkpoint": (lambda t: base_recipe(t, base=str(t)), "base:"),
