@@ -103,8 +103,8 @@ class Engine:
 
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any], desc: str, total: int,
             count: Callable[[Any], int] | None = None) -> Iterator[Any]:
-        """`fn(task)` for each task, in order; at most 2 tasks a worker in flight (memory stays bounded
-        when tasks carry records). `count(result)`: the records a result stands for (the rate shown)."""
+        """`fn(task)` for each task, in order (here when `total`, the tasks expected, is 1); at most 2
+        tasks a worker in flight (memory stays bounded when tasks carry records). `count(result)`: the records a result stands for (the rate shown)."""
         bar = progress(total, desc, unit="shard", seconds=10.0, every=max(1, -(-total // 10)), after=QUIET_S)
         bar.update(0)
         started, records = time.monotonic(), 0
@@ -118,7 +118,7 @@ class Engine:
             return result
 
         try:
-            if self.workers == 1:
+            if self.workers == 1 or total <= 1:  # one task: no process to start for it
                 for task in tasks:
                     yield done(fn(task))
                 return

@@ -5,6 +5,7 @@ the ids, and the blocks, are the same whatever the number of workers, and the sa
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 from dataclasses import dataclass
@@ -156,6 +157,15 @@ def token_cache(source: Source, tokenizer, folder: Path, workers: int) -> TokenC
     if (cache / "meta.json").is_file():
         return TokenCache(cache)
     folder.mkdir(parents=True, exist_ok=True)
+    # every training process builds its mixture: one encodes, the others wait for it and read its cache
+    with open(folder / f"{cache.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cache / "meta.json").is_file():
+            _build(source, tokenizer, cache, workers)
+    return TokenCache(cache)
+
+
+def _build(source: Source, tokenizer, cache: Path, workers: int) -> None:
     with atomic_dir(cache) as tmp, Engine(workers) as engine:
         shards = file_shards(source, workers) if source.splittable else record_shards(source)
         total = len(shards) if isinstance(shards, list) else max(1, -(-source.size_bytes // BATCH_CHARS))
@@ -175,4 +185,3 @@ def token_cache(source: Source, tokenizer, folder: Path, workers: int) -> TokenC
             bases.append(seen if by_range else 0)
             seen += n
         (tmp / "meta.json").write_text(json.dumps({"shards": len(reads), "bases": bases}))
-    return TokenCache(cache)

@@ -214,4 +214,4 @@ def test_token_ids_and_mixed_blocks_do_not_depend_on_workers(tmp_path, tiny_chec
     for workers in (1, 2, 3):
         cached = {n: replace(s, token_dir=folder / f"tok{workers}", workers=workers) for n, s in plain.items()}
         assert (_all_blocks(cached, tok), _all_blocks(cached, tok, "eval")) == expected, f"{workers} worker(s)"
-        assert len(list((folder / f"tok{workers}").glob("tokens-a-*"))) == 1  # encoded once, then reused
+        assert len([p for p in (folder / f"tok{workers}").glob("tokens-a-*") if p.is_dir()]) == 1  # encoded once
