@@ -1,4 +1,5 @@
-"""One `accelerate.Accelerator` per stage.
+"""One `accelerate.Accelerator` per stage, and the few device-specific facts the training core needs
+(peak memory, the process-group backend, pinned memory): the only place it names a device type.
 
 accelerate keeps its settings in process-wide singletons and refuses a second Accelerator with
 another precision; stages of one pipeline may differ (fp32 then bf16), so each stage clears the
@@ -39,3 +40,26 @@ def process_state() -> Any:
     from accelerate import PartialState
 
     return PartialState(cpu=_multi_cpu())
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new allocator peak on an accelerator (CUDA, XPU, any torch.accelerator); False on CPU."""
+    if device.type == "cpu" or not torch.accelerator.is_available():
+        return False
+    torch.accelerator.reset_peak_memory_stats(device)
+    return True
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The accelerator allocator's peak since `reset_peak_memory`."""
+    return int(torch.accelerator.max_memory_allocated(device))
+
+
+def group_backend(device: torch.device) -> str | None:
+    """The process-group backend for a device (None: torch's default for it)."""
+    return {"cpu": "gloo", "cuda": "nccl"}.get(device.type)
+
+
+def pins_memory(device: torch.device) -> bool:
+    """Whether host memory is pinned for copies to the device (CPU offload)."""
+    return device.type == "cuda"

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from forge.errors import ForgeError
+from forge.train.accel import group_backend, pins_memory
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def _mesh(device: torch.device, sharding: str) -> Any:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized() and world == 1:  # one process without a launcher: a group of one
-        backend = {"cpu": "gloo", "cuda": "nccl"}.get(device.type)
+        backend = group_backend(device)
         store: Any = getattr(dist, "HashStore")()  # an in-memory store (not in torch's stubs' exports)
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
     if sharding == "full":
@@ -94,13 +95,15 @@ def shard(model: torch.nn.Module, opts: Options, device: torch.device) -> torch.
     model.to(device)
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if opts.mixed_precision == "bf16" else MixedPrecisionPolicy())
-    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if opts.cpu_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=pins_memory(device)) if opts.cpu_offload else OffloadPolicy()
     kw: dict[str, Any] = {"mesh": _mesh(device, opts.sharding), "mp_policy": mp, "offload_policy": offload}
     hf = hf_model(model)
     layers = _layers(hf)
     for layer in layers:
         fully_shard(layer, **kw)
-    fully_shard(_outside(hf, layers), **kw)
+    outside = _outside(hf, layers)
+    if outside:
+        fully_shard(outside, **kw)
     fully_shard(model, **kw)
     setattr(hf, "_is_fsdp_managed_module", True)  # transformers' generate: synced_gpus under sharding
     was = model.training
@@ -207,6 +210,9 @@ def load_full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if len(fqns) != sum(len(g["params"]) for g in saved["param_groups"]):
         raise ValueError(f"{len(fqns)} parameters train here, the saved state has "
                          f"{sum(len(g['params']) for g in saved['param_groups'])}")
+    keys = set(optimizer.param_groups[0]) if optimizer.param_groups else set()  # not an old schedule's initial_lr
     named: dict[str, Any] = {"state": {fqns[int(i)]: v for i, v in saved["state"].items()},
-             "param_groups": [{**g, "params": [fqns[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+                             "param_groups": [{**{k: v for k, v in g.items() if k in keys},
+                                               "params": [fqns[int(i)] for i in g["params"]]}
+                                              for g in saved["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))

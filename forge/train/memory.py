@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+from forge.train.accel import peak_memory_bytes, reset_peak_memory
+
 
 def _rss_bytes() -> int:
     """Current resident set size (Linux /proc; falls back to the high-water mark elsewhere)."""
@@ -49,18 +51,16 @@ def reset_peak_rss() -> None:
 
 
 class PeakMemory:
-    """On a GPU: torch's allocator peak. On CPU: growth of the process's peak RSS over the stage
+    """On an accelerator: torch's allocator peak. On CPU: growth of the process's peak RSS over the stage
     (an upper bound on what training allocated; libraries loaded before the stage do not count)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        else:
+        self.on_device = reset_peak_memory(device)
+        if not self.on_device:
             _reset_peak_rss()
         self.device, self.start = device, _rss_bytes()
 
     def peak_bytes(self) -> int:
-        if self.cuda:
-            return int(torch.cuda.max_memory_allocated(self.device))
+        if self.on_device:
+            return peak_memory_bytes(self.device)
         return max(0, _max_rss_bytes() - self.start)

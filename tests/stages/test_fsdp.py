@@ -1,12 +1,13 @@
 """FSDP2 on two gloo processes (torchrun): pretraining, SFT and DPO losses (and DPO's margins) step
 by step equal one process with the same global batch, as DDP's do; LoRA SFT, DPO with a live
 reference and RFT (sharded generation, a sharded KL reference) run to plain Hugging Face outputs;
-a run that crashes mid-stage resumes from its DCP shards bitwise; two one-process "nodes" (a c10d
+a run that crashes mid-stage resumes from its DCP shards bitwise (and, resharded, on one process); two one-process "nodes" (a c10d
 rendezvous on 127.0.0.1, hybrid sharding) equal the two-process run."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def stages(per_rank: int) -> list[dict]:
 
 
 def sharded_only() -> list[dict]:
-    """What only the FSDP launch runs: LoRA SFT (merged), DPO with a live reference, RFT with a KL reference."""
+    """What only the FSDP launch runs: LoRA SFT (merged), DPO with a live reference, RFT with a KL reference,
+    pretraining with bf16 compute, activation checkpointing and CPU offload (gloo has bf16 collectives:
+    no GPU needed), and pretraining that carries the first stage's gathered AdamW moments over."""
     common = {"seq_len": 64, "log_every": 1, "schedule": {"kind": "constant"}, "checkpoint": {"final_optimizer": False}}
     return [
         {"name": "lora", "kind": "sft", "data": ["qa"], "max_steps": 2, "batch_size": 2, "packing": "pad",
@@ -55,6 +58,9 @@ def sharded_only() -> list[dict]:
          "eval": {"max_blocks": 1}, "samples": {"every": 2, "prompts": 1, "max_new_tokens": 3}, **common},
         {"name": "rft", "kind": "rft", "data": ["p"], "max_steps": 2, "batch_size": 1, "group": 2, "max_new_tokens": 4,
          "kl_beta": 0.01, "rewards": [{"source": f"{REWARD}:e_share"}], "samples": {"every": 2, "prompts": 1}, **common},
+        pretrain_stage("opts", max_steps=2, batch_size=2, parallelism={
+            "strategy": "fsdp", "mixed_precision": "bf16", "activation_checkpointing": True, "cpu_offload": True}),
+        pretrain_stage("carry", max_steps=2, batch_size=2, optim={"lr": 1e-3, "carry_over": True}, **{"from": "cpt"}),
     ]
 
 
@@ -64,12 +70,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(config: dict, nodes: int = 1) -> None:
-    """The worker on two processes: one torchrun with two, or `nodes`=2 torchruns with one each."""
+def launch(config: dict, nodes: int = 1, nproc: int = 2) -> str:
+    """The worker on `nproc` processes under one torchrun, or on `nodes`=2 torchruns with one each;
+    returns what they printed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     port = free_port()
     if nodes == 1:
-        heads = [["--nproc-per-node", "2", "--master-port", str(port)]]
+        heads = [["--nproc-per-node", str(nproc), "--master-port", str(port)]]
     else:
         heads = [["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "forge-test"] for i in range(2)]
@@ -86,6 +93,7 @@ def launch(config: dict, nodes: int = 1) -> None:
         if p.returncode != 0 and config.get("crash_after") is None:
             first = out.find("Traceback")  # the failing rank's own traceback, before torchrun's summary
             raise AssertionError(out[first:first + 4000])
+    return "".join(outs)
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +144,25 @@ def test_fsdp_and_ddp_on_two_processes_equal_one_process_step_by_step(runs, stag
     theirs = weights(runs["one"] / stage / "final")
     assert ours.keys() == theirs.keys()  # a plain Hugging Face folder, gathered from the shards
     assert max((ours[k] - theirs[k]).abs().max().item() for k in theirs) < 1e-4
+    if stage == "cpt":  # the final optimizer state, gathered whole, in optimizer.state_dict()'s own form
+        mine, one = (torch.load(r / "cpt" / "final" / "training_state.pt", weights_only=True)["optimizer"]
+                     for r in (runs["fsdp"], runs["one"]))
+        assert mine["state"].keys() == one["state"].keys()
+        diff = max((mine["state"][i][m] - one["state"][i][m]).abs().max().item()
+                   for i in one["state"] for m in ("exp_avg", "exp_avg_sq"))
+        FIGURES["fsdp vs one process, cpt final AdamW moments"] = diff
+        assert diff < TOL
 
 
 @pytest.mark.slow
-def test_lora_live_reference_and_rft_train_sharded_to_plain_outputs(runs, tiny_checkpoint):
+def test_lora_live_reference_rft_offload_and_carry_over_train_sharded_to_plain_outputs(runs, tiny_checkpoint):
     base = weights(tiny_checkpoint)
-    for stage in ("lora", "live", "rft"):
+    for stage in ("lora", "live", "rft", "opts", "carry"):
         final = runs["fsdp"] / stage / "final"
         trained = weights(final)
         assert trained.keys() == base.keys(), stage  # LoRA merged: the base's own tensors, no adapter
         assert any(not torch.equal(trained[k], base[k]) for k in base), stage
+        assert all(t.dtype == torch.float32 for t in trained.values()), stage  # bf16 in compute only
         assert logged(runs["fsdp"], stage)["result"]["tokens"] > 0
     assert logged(runs["fsdp"], "rft")["tables"] == ["samples/step-0000002.json"]  # generated on every rank
     assert logged(runs["fsdp"], "live")["tables"] == ["samples/step-0000002.json"]
@@ -169,6 +186,13 @@ def test_a_crashed_fsdp_run_resumes_from_its_shards_bitwise(runs):
                                                                for k in straight)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # bitwise
     assert series(out, "cpt", "loss") == series(runs["fsdp"], "cpt", "loss")[4:]  # steps 5 and 6, the same
+    # on one process DCP reshards the two ranks' shards: the stage finishes, saying it is not bitwise
+    other = runs["root"] / "one-process"
+    shutil.copytree(out / "cpt" / "checkpoints", other / "cpt" / "checkpoints")
+    printed = launch({**config, "out": str(other), "resume": True}, nproc=1)
+    assert "written by 2 processes, resuming on 1: the model and optimizer shards are resharded" in printed
+    assert [r["step"] for r in logged(other, "cpt")["rows"] if "loss" in r] == [5, 6]
+    assert (other / "cpt" / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Runs stages, each from CHECKPOINT, as one rank of a torchrun launch (or alone in a test's process):
-`python dist_stages.py CONFIG_JSON`, CONFIG: {"stages": [...], "parallelism": {...} or a strategy
+`python dist_stages.py CONFIG_JSON`, CONFIG: {"stages": [...] (a stage may name its own
+"parallelism" and start "from" an earlier stage's output), "parallelism": {...} or a strategy
 name, "checkpoint", "data" (qa/prefs/prompts files), "generated" (the folder of the generated text
 sources), "out", "resume": bool, "crash_after": the number of pretraining batches after which every
 rank fails (a crash mid-stage), or null}. Rank 0 records each stage's logged rows, tables and
@@ -55,15 +56,17 @@ def main(config: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     if cfg.get("crash_after") is not None:
         crash_after(cfg["crash_after"])
-    spec = cfg["parallelism"]
-    parallelism = Parallelism(**spec) if isinstance(spec, dict) else spec
     found = sources(Path(cfg["data"]), Path(cfg["generated"]))
     for stage_cfg in cfg["stages"]:
+        stage_cfg = dict(stage_cfg)
+        spec = stage_cfg.pop("parallelism", cfg["parallelism"])  # a stage's own, else the launch's
+        parallelism = Parallelism(**spec) if isinstance(spec, dict) else spec
+        start = Path(cfg["out"]) / stage_cfg.pop("from") / "final" if "from" in stage_cfg else Path(cfg["checkpoint"])
         stage = KINDS[stage_cfg["kind"]].settings(**stage_cfg)
         tracker = Recorder() if rank == 0 else null_tracker()
         out = Path(cfg["out"]) / stage.name
-        inputs = StageInputs(Path(cfg["checkpoint"]), found, out, tracker, cfg.get("resume", False), {},
-                             lambda *_: None, parallelism=parallelism)
+        inputs = StageInputs(start, found, out, tracker, cfg.get("resume", False), {}, lambda *_: None,
+                             parallelism=parallelism)
         result = KINDS[stage.kind].runner()(stage, inputs)
         if rank == 0:
             (out / "logged.json").write_text(json.dumps(
