@@ -126,3 +126,22 @@ def test_the_judge_reward_source(tmp_path):
             assert reward(["Q", "Q"], ["good", "meh"], {}, 3) == [2.0, 1.0]
             with pytest.raises(RewardError, match=r"reward 'judge:http.*' on batch 4: judge .*completion 0"):
                 reward(["Q"], ["GARBLE"], {}, 4)
+
+
+def test_judge_folders_rubric_files_and_eval_files_are_relative_to_the_recipe(tmp_path):
+    from forge.recipe import resolve_paths
+
+    raw = {"stages": [{"kind": "rft", "rewards": [
+        {"source": "judge:models/judge", "judge": {"rubric": "rubrics/mine.yaml"}},
+        {"source": "judge:catalog://forge-tiny@post-trained", "judge": {"rubric": "instruction_following"}},
+        {"source": "judge:http://127.0.0.1:8000/v1"}]}],
+        "eval": {"llm_judge": {"judge": "judge:models/judge", "source": "tasks", "rubric": "rubrics/mine.yaml"},
+                 "gen_qa": {"source": "data/qa.jsonl"}}}
+    out, root = resolve_paths(raw, tmp_path), tmp_path.resolve()
+    rewards = out["stages"][0]["rewards"]
+    assert rewards[0] == {"source": f"judge:{root}/models/judge", "judge": {"rubric": f"{root}/rubrics/mine.yaml"}}
+    assert rewards[1]["source"] == "judge:catalog://forge-tiny@post-trained"
+    assert rewards[1]["judge"]["rubric"] == "instruction_following" and rewards[2]["source"] == "judge:http://127.0.0.1:8000/v1"
+    assert out["eval"]["llm_judge"] == {"judge": f"{root}/models/judge", "source": "tasks",
+                                        "rubric": f"{root}/rubrics/mine.yaml"}
+    assert out["eval"]["gen_qa"]["source"] == f"{root}/data/qa.jsonl"
