@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from forge.data.formats import ChatEncoder, FormatSpec, prompt_messages
 from forge.errors import ForgeError
+from forge.lm.agent import Agent, trajectory_batch
 from forge.lm.generation import completion_batch, make_generator
 from forge.lm.rewards import Reward, unique_labels
 from forge.recipe.settings import RftStage
@@ -94,6 +95,10 @@ class Rollouts:
         self.table: dict[str, list[Any]] = {}
         self.metrics: dict[str, list[float]] = {}  # a Nova source's metrics_list values in this rollout
         self.first: list[dict[str, Any]] | None = None
+        self.agent = Agent(stage, s.tokenizer, self.encoder, s.pad_id, s.device) if stage.env else None
+        self.heldout: list[Prompt] = []  # env: the held-out tasks evaluate() plays
+        if self.agent is not None:
+            self.labels = {"env": "env", **self.labels}
 
     def before_step(self, step: int) -> None:
         if (step - 1) % self.stage.updates_per_rollout == 0 or not self.micro:
@@ -101,7 +106,7 @@ class Rollouts:
 
     @torch.no_grad()
     def _make(self, step: int) -> None:
-        stage, s, tok = self.stage, self.s, self.s.tokenizer
+        stage, s = self.stage, self.s
         model = s.unwrapped()
         model.eval()
         with s.gathered():  # under fsdp the whole weights, gathered from every rank
@@ -112,22 +117,19 @@ class Rollouts:
             # every rank takes the whole step's prompts and keeps its share, as the other stages do
             batch = self.data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
             messages = [m for m, _ in batch]
-            ids = [tok(self.encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-                   for m in messages]
-            completions = self.generator.generate(model, ids)
-            seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, s.pad_id, s.device)
-            texts = tok.batch_decode(completions, skip_special_tokens=True)
+            seqs, mask, cmask, width, texts, shown, scores = self._sample(model, batch)
             prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
             fields = {k: [f.get(k) for _, f in batch for _ in range(stage.group)] for k in batch[0][1]}
             chats = [m for m in messages for _ in range(stage.group)]
-            scores = {rw.source: rw(prompts, texts, fields, step, chats) for rw in self.rewards}
+            scores.update({rw.source: rw(prompts, texts, fields, step, chats) for rw in self.rewards})
             for rw in self.rewards:  # a Nova source's metrics_list values, logged with the rewards
                 for name, values in rw.metrics.items():
                     self.metrics.setdefault(f"reward.{self.labels[rw.source]}.{name}", []).extend(
                         v for v in values if v is not None)
-            total = torch.tensor([sum(rw.weight * scores[rw.source][i] for rw in self.rewards) for i in range(len(texts))])
+            weights = {**{k: 1.0 for k in scores}, **{rw.source: rw.weight for rw in self.rewards}}
+            total = torch.tensor([sum(w * scores[k][i] for k, w in weights.items()) for i in range(len(texts))])
             adv = advantages(total, stage.group) if stage.reward_norm == "sum" else decoupled_advantages(
-                [torch.tensor(scores[rw.source]) for rw in self.rewards], [rw.weight for rw in self.rewards], stage.group)
+                [torch.tensor(scores[k]) for k in weights], list(weights.values()), stage.group)
             micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": cmask.float(),
                      "old": token_logps(model, seqs, mask, width), "adv": adv.to(s.device),
                      "targets": torch.tensor(int(cmask.sum()))}
@@ -136,10 +138,38 @@ class Rollouts:
             self.micro.append(micro)
             self.scores.append({**scores, "total": total})
             self.table["prompts"] += prompts
-            self.table["completions"] += texts
+            self.table["completions"] += shown
             self.table["reward"] += total.tolist()
         self.first = self.first or self.scores
         model.train()
+
+    def _sample(self, model: torch.nn.Module, batch: list[Prompt]) -> tuple[Any, ...]:
+        """(sequences, mask, completion mask, prompt width, completions, their shown text, scores so far):
+        `group` completions per prompt, or with an env `group` trajectories per task (scored by it)."""
+        stage, tok = self.stage, self.s.tokenizer
+        if self.agent is not None:
+            trajs = self.agent.run(model, [task(m, f) for m, f in batch], stage.group)
+            seqs, mask, cmask, width = trajectory_batch(trajs, self.s.pad_id, self.s.device)
+            shown = [tok.decode(t.ids[t.prompt_len:], skip_special_tokens=True) for t in trajs]
+            return seqs, mask, cmask, width, [t.answers[-1] for t in trajs], shown, {"env": [t.reward for t in trajs]}
+        ids = [tok(self.encoder.render(m, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+               for m, _ in batch]
+        completions = self.generator.generate(model, ids)
+        seqs, mask, cmask, width = completion_batch(ids, completions, stage.group, self.s.pad_id, self.s.device)
+        texts = tok.batch_decode(completions, skip_special_tokens=True)
+        return seqs, mask, cmask, width, texts, texts, {}
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """The mean greedy trajectory reward (and turns) on the first `eval_tasks` held-out tasks."""
+        if self.agent is None or not self.heldout:
+            return {}
+        model = self.s.unwrapped()
+        model.eval()
+        trajs = self.agent.run(model, [task(m, f) for m, f in self.heldout], 1, greedy=True)
+        model.train()
+        return {"env.heldout.reward": sum(t.reward for t in trajs) / len(trajs),
+                "env.heldout.turns": sum(t.turns for t in trajs) / len(trajs)}
 
     def samples(self, step: int) -> None:
         if self.s.is_main and self.table:
@@ -166,6 +196,11 @@ class Rollouts:
         return Outcome({**self.row(), "reward_mean_start": start}, {n: state.tokens for n in stage.data[:1]}, lineage)
 
 
+def task(messages: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, Any]:
+    """What an environment's reset receives: the prompt row's fields, its messages and its user turn."""
+    return {**fields, "messages": messages, "prompt": messages[-1]["content"]}
+
+
 def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor]) -> Loss:
     """The clipped policy-ratio objective over completion tokens, plus kl_beta x the k3 KL estimate."""
     logp = token_logps(model, b["ids"], b["mask"], int(b["start"]))
@@ -183,9 +218,13 @@ def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor
     return Loss((per_token * m).sum() / m.sum().clamp(min=1), stats)
 
 
+def prompt_rows(stage: RftStage, inputs: StageInputs, held_out: bool = False) -> list[Prompt]:
+    return [prompt_messages(row, getattr(inputs.sources[name], "chat", None), stage.prompt_field, at)
+            for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=held_out)]
+
+
 def run(stage: RftStage, inputs: StageInputs) -> StageResult:
-    rows = [prompt_messages(row, getattr(inputs.sources[name], "chat", None), stage.prompt_field, at)
-            for name in stage.data for _, at, row in split_rows(inputs.sources[name], held_out=False)]
+    rows = prompt_rows(stage, inputs)
     # a bad or empty prompt has failed before anything starts
     if not rows:
         raise ForgeError(f"stage {stage.name}: no prompts in {stage.data}")
@@ -208,9 +247,11 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
         ref = s.frozen_input()
     data = PromptStream(rows)
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
+    if stage.env and stage.eval_tasks:  # held-out tasks of the environment, played greedily
+        roll.heldout = prompt_rows(stage, inputs, held_out=True)[:stage.eval_tasks]
     task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,
                 tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
-                samples=roll.samples, before_step=roll.before_step, row=roll.row,
+                samples=roll.samples, before_step=roll.before_step, row=roll.row, evaluate=roll.evaluate,
                 chat_template=roll.encoder.template, postfix="reward_mean")
     return fit(s, task, inputs.tracker)
 
