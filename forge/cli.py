@@ -365,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as e:
         print(scrub(f"forge: error: {e}").replace("\n", "\n  "), file=sys.stderr)  # terminal logs are kept
         return 2
+    except BrokenPipeError:  # the reader stopped early (`forge catalog show X | head`): nothing is wrong
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not fail again
+        except (AttributeError, ValueError, OSError):
+            pass  # a stdout without a file descriptor (a test's capture)
+        return 0
     except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
         where = f"{e.filename}: " if e.filename else ""
         hint = " (after an interrupted run, fix this and add --resume)" if args.command == "run" else ""
