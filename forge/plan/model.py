@@ -1,7 +1,7 @@
 """Model shapes from a Hugging Face config.json, and exact parameter counts from them.
 
 Everything here works from the config alone (no weights), so Llama-3.1-70B can be planned on a
-laptop. Supported: llama, mistral, mixtral (MoE), qwen2, qwen3, gpt2, gpt_bigcode. Parameter
+laptop. Supported: llama, mistral, mixtral (MoE), qwen2, qwen3, olmo2, smollm3, gpt2, gpt_bigcode. Parameter
 counts equal `model.num_parameters()` of the transformers implementation (tied weights counted
 once); tests/plan checks this for tiny instances and for published model sizes.
 """
@@ -16,7 +16,7 @@ import yaml
 from forge.errors import ForgeError
 
 PRESETS_FILE = Path(__file__).with_name("models.yaml")
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "smollm3")
 GPT_LIKE = ("gpt2", "gpt_bigcode")
 SUPPORTED = LLAMA_LIKE + GPT_LIKE
 
@@ -108,7 +108,7 @@ def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), experts=experts,
         top_k=int(cfg.get("num_experts_per_tok", 0) or 0) if experts else 0,
         qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
-        qk_norm=arch == "qwen3", sliding_window=window, name=name,
+        qk_norm=arch in ("qwen3", "olmo2"), sliding_window=window, name=name,
     )
 
 
@@ -133,14 +133,14 @@ class ParamCount:
 
 
 def attention_params(s: ModelSpec) -> int:
-    """q, k, v, o projections (+ biases, + Qwen3 q/k norms). [HF modeling_llama/qwen2/qwen3/gpt2]"""
+    """q, k, v, o projections (+ biases, + Qwen3/OLMo 2 q/k norms). [HF modeling_llama/qwen2/qwen3/olmo2/gpt2]"""
     n = s.hidden * s.q_dim + 2 * s.hidden * s.kv_dim + s.q_dim * s.hidden
     if s.qkv_bias:
         n += s.q_dim + 2 * s.kv_dim
     if s.o_bias:
         n += s.hidden
-    if s.qk_norm:
-        n += 2 * s.head_dim
+    if s.qk_norm:  # Qwen3 norms each head (head_dim weights); OLMo 2 the whole q and k projections
+        n += s.q_dim + s.kv_dim if s.arch == "olmo2" else 2 * s.head_dim
     return n
 
 

@@ -27,6 +27,10 @@ def tiny_config(arch: str, gqa: bool = True):
         return _llama_family(transformers.Qwen2Config, gqa)
     if arch == "qwen3":
         return _llama_family(transformers.Qwen3Config, gqa, head_dim=24)
+    if arch == "olmo2":
+        return _llama_family(transformers.Olmo2Config, gqa)
+    if arch == "smollm3":
+        return _llama_family(transformers.SmolLM3Config, gqa, no_rope_layer_interval=2, pad_token_id=0)
     if arch == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=256,
                                        bos_token_id=0, eos_token_id=0)
@@ -36,7 +40,7 @@ def tiny_config(arch: str, gqa: bool = True):
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama-bias-tied", "mistral", "mixtral", "qwen2", "qwen3", "gpt2", "gpt_bigcode"]
+ARCHS = ["llama", "llama-bias-tied", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "smollm3", "gpt2", "gpt_bigcode"]
 
 
 def tiny_model(arch: str, gqa: bool = True):
