@@ -375,6 +375,18 @@ class RewardSource(Strict):
         return self
 
 
+class Rollout(Strict):
+    """How RFT's rollouts relate to the policy: on_policy (made with the weights about to be updated), or
+    off_policy_async (the next rollout generated in a background thread on a copy of the weights, synced
+    at each rollout, while the current one trains; a rollout more than `max_age` policy versions old is
+    dropped and made anew; the loss weights each token by the truncated importance ratio, at most `is_cap`)."""
+
+    mode: Literal["on_policy", "off_policy_async"] = "on_policy"
+    max_age: int = Field(1, ge=0, le=64, description="off_policy_async: policy versions a rollout may lag; "
+                         "0 generates nothing ahead (the same results as on_policy)")
+    is_cap: float = Field(2.0, ge=1.0, description="off_policy_async: the truncation of importance weights")
+
+
 class RftStage(PostTrainSettings):
     """Reinforcement fine-tuning (GRPO, Shao et al. 2024): per prompt `group` sampled completions,
     rewards from the recipe's functions, group-normalised advantages, a clipped policy-ratio
@@ -408,6 +420,7 @@ class RftStage(PostTrainSettings):
     batch_size: int = Field(4, gt=0, le=65_536)
     optim: Optim = Optim(lr=1e-5)
     schedule: Schedule = Schedule(kind="constant")
+    rollout: Rollout = Rollout()
 
     @field_validator("rewards")
     @classmethod
@@ -422,6 +435,8 @@ class RftStage(PostTrainSettings):
             raise ValueError("env: multi-turn rollouts generate with generation: hf (vllm is not supported with env)")
         if self.env is not None and ":" not in self.env:
             raise ValueError(f"env {self.env!r}: expected file.py:Class or module:Class")
+        if self.rollout.mode == "off_policy_async" and self.generation != "hf":
+            raise ValueError("rollout: off_policy_async generates with forge's own generator (generation: hf)")
         return self
 
     @field_validator("generation")

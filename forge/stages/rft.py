@@ -26,6 +26,7 @@ from forge.lm.agent import Agent, trajectory_batch
 from forge.lm.generation import completion_batch, make_generator
 from forge.lm.rewards import Reward, unique_labels
 from forge.recipe.settings import RftStage
+from forge.stages.async_rollout import Ahead
 from forge.stages.post_data import split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
@@ -99,6 +100,8 @@ class Rollouts:
         self.heldout: list[Prompt] = []  # env: the held-out tasks evaluate() plays
         if self.agent is not None:
             self.labels = {"env": "env", **self.labels}
+        self.ahead = Ahead(self._produce, s.unwrapped(), stage.rollout.max_age) \
+            if stage.rollout.mode == "off_policy_async" else None
 
     def before_step(self, step: int) -> None:
         if (step - 1) % self.stage.updates_per_rollout == 0 or not self.micro:
@@ -106,13 +109,23 @@ class Rollouts:
 
     @torch.no_grad()
     def _make(self, step: int) -> None:
-        stage, s = self.stage, self.s
-        model = s.unwrapped()
+        model = self.s.unwrapped()
         model.eval()
+        rollout, age = self.ahead.take(model, step, step - 1) if self.ahead else (self._produce(model, step), 0)
+        self._consume(model, rollout, age)
+        after = step + self.stage.updates_per_rollout
+        if self.ahead is not None and after <= self.s.total_steps:  # the next rollout, while this step trains
+            self.ahead.start(model, after, step - 1)
+        model.train()
+
+    @torch.no_grad()
+    def _produce(self, model: torch.nn.Module, step: int) -> list[dict[str, Any]]:
+        """One rollout with `model` (the policy, or rollout.mode's copy of it): per micro-batch the
+        sequences, scores, advantages and the sampling policy's log-probs (`behav`)."""
+        stage, s = self.stage, self.s
         with s.gathered():  # under fsdp the whole weights, gathered from every rank
             self.generator.sync(model)
-        self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
-        self.metrics = {}
+        out = []
         for _ in range(stage.grad_accum):
             # every rank takes the whole step's prompts and keeps its share, as the other stages do
             batch = self.data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
@@ -122,26 +135,42 @@ class Rollouts:
             fields = {k: [f.get(k) for _, f in batch for _ in range(stage.group)] for k in batch[0][1]}
             chats = [m for m in messages for _ in range(stage.group)]
             scores.update({rw.source: rw(prompts, texts, fields, step, chats) for rw in self.rewards})
+            metrics: dict[str, list[float]] = {}
             for rw in self.rewards:  # a Nova source's metrics_list values, logged with the rewards
                 for name, values in rw.metrics.items():
-                    self.metrics.setdefault(f"reward.{self.labels[rw.source]}.{name}", []).extend(
+                    metrics.setdefault(f"reward.{self.labels[rw.source]}.{name}", []).extend(
                         v for v in values if v is not None)
             weights = {**{k: 1.0 for k in scores}, **{rw.source: rw.weight for rw in self.rewards}}
             total = torch.tensor([sum(w * scores[k][i] for k, w in weights.items()) for i in range(len(texts))])
             adv = advantages(total, stage.group) if stage.reward_norm == "sum" else decoupled_advantages(
                 [torch.tensor(scores[k]) for k in weights], list(weights.values()), stage.group)
-            micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": cmask.float(),
-                     "old": token_logps(model, seqs, mask, width), "adv": adv.to(s.device),
-                     "targets": torch.tensor(int(cmask.sum()))}
+            out.append({"seqs": seqs, "mask": mask, "cmask": cmask, "width": width, "scores": scores, "total": total,
+                        "adv": adv, "behav": token_logps(model, seqs, mask, width), "prompts": prompts,
+                        "shown": shown, "metrics": metrics})
+        return out
+
+    def _consume(self, model: torch.nn.Module, rollout: list[dict[str, Any]], age: int) -> None:
+        """The loss's micro-batches of a rollout; one made by older weights (age > 0) keeps the sampling
+        policy's log-probs for the importance weights and takes the current policy's as `old`."""
+        self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
+        self.metrics = {}
+        for r in rollout:
+            seqs, mask, width = r["seqs"], r["mask"], r["width"]
+            micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": r["cmask"].float(),
+                     "old": token_logps(model, seqs, mask, width) if age else r["behav"],
+                     "adv": r["adv"].to(self.s.device), "targets": torch.tensor(int(r["cmask"].sum()))}
+            if age:
+                micro["behav"] = r["behav"]
             if self.ref is not None:
                 micro["ref"] = token_logps(self.ref, seqs, mask, width)
             self.micro.append(micro)
-            self.scores.append({**scores, "total": total})
-            self.table["prompts"] += prompts
-            self.table["completions"] += shown
-            self.table["reward"] += total.tolist()
+            self.scores.append({**r["scores"], "total": r["total"]})
+            for k, v in r["metrics"].items():
+                self.metrics.setdefault(k, []).extend(v)
+            self.table["prompts"] += r["prompts"]
+            self.table["completions"] += r["shown"]
+            self.table["reward"] += r["total"].tolist()
         self.first = self.first or self.scores
-        model.train()
 
     def _sample(self, model: torch.nn.Module, batch: list[Prompt]) -> tuple[Any, ...]:
         """(sequences, mask, completion mask, prompt width, completions, their shown text, scores so far):
@@ -186,7 +215,8 @@ class Rollouts:
         if self.s.world > 1:
             n = self.s.accelerator.reduce(n.to(self.s.device), "sum").cpu()
         metrics = {k: sum(v) / len(v) for k, v in self.metrics.items() if v}  # this rank's (the Lambda's own figures)
-        return {**figures, **metrics, "completion_length": n[0].item() / max(n[1].item(), 1.0)}
+        ahead = self.ahead.figures() if self.ahead is not None else {}
+        return {**figures, **metrics, **ahead, "completion_length": n[0].item() / max(n[1].item(), 1.0)}
 
     def finish(self, state: TrainState) -> Outcome:
         stage = self.stage
@@ -210,6 +240,10 @@ def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor
     m = b["cmask"]
     count = max(1.0, m.sum().item())
     stats = {"clip_fraction": (((ratio - 1).abs() > stage.clip_eps).float() * m).sum().item() / count}
+    if "behav" in b:  # a rollout of older weights: truncated importance weights (IMPALA, Espeholt et al. 2018)
+        w = torch.exp(b["old"] - b["behav"]).clamp(max=stage.rollout.is_cap)
+        per_token = per_token * w
+        stats["is_weight"] = (w * m).sum().item() / count
     if "ref" in b:
         d = b["ref"] - logp
         kl = torch.exp(d) - d - 1
@@ -246,6 +280,8 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
     if stage.kl_beta:
         ref = s.frozen_input()
     data = PromptStream(rows)
+    if stage.rollout.mode == "off_policy_async" and s.world > 1:
+        raise ForgeError(f"stage {stage.name}: rollout: off_policy_async runs in one process; this launch has {s.world}")
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
     if stage.env and stage.eval_tasks:  # held-out tasks of the environment, played greedily
         roll.heldout = prompt_rows(stage, inputs, held_out=True)[:stage.eval_tasks]
@@ -253,7 +289,11 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
                 tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
                 samples=roll.samples, before_step=roll.before_step, row=roll.row, evaluate=roll.evaluate,
                 chat_template=roll.encoder.template, postfix="reward_mean")
-    return fit(s, task, inputs.tracker)
+    try:
+        return fit(s, task, inputs.tracker)
+    finally:
+        if roll.ahead is not None:
+            roll.ahead.close()
 
 
 def reward_figures(scores: list[dict[str, Any]], labels: dict[str, str], accelerator: Any) -> dict[str, float]:
