@@ -71,3 +71,15 @@ def test_dockerfile_runs_as_a_non_root_user():
     # every install runs before the switch, so the runtime user cannot modify installed code
     assert all(i < last_user for i, w in enumerate(words) if w == "RUN")
 
+
+
+def test_package_data_covers_every_data_file_forge_reads():
+    """A non-editable install carries forge's YAML/JSON/TOML files: pyproject's package-data
+    patterns cover every data file under forge/ (the launch schema once fell outside them)."""
+    import tomllib
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["forge"]
+    suffixes = {p.rsplit("*", 1)[-1] for p in patterns}
+    data = {p.suffix for p in (REPO / "forge").rglob("*.*") if p.suffix not in (".py", ".pyc") and
+            "__pycache__" not in p.parts}
+    assert data <= suffixes, f"data files under forge/ that an install would leave out: {data - suffixes}"
