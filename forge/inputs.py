@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forge import catalog
+from forge.data.parallel import use_engine
 from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
 from forge.data.objstore import is_remote, mirror
@@ -82,6 +83,7 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         fingerprints = {name: src.fingerprint() for name, src in raw.items()}
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
+    use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
     # what stages read is encoded once, by the workers, into token caches beside the data
     sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import ConfigDict
 
+from forge.data import ray_engine
 from forge.data.hygiene import ConfigError
 from forge.data.objstore import is_remote
 from forge.data.sources import Source
@@ -29,16 +30,35 @@ BATCH_CHARS = 8 << 20   # a shard of records the parent reads (formats that cann
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """`prepare: {engine: ray, ray: {address}}`: the cluster to run on."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+    address: str = "auto"  # auto (RAY_ADDRESS or the cluster this node belongs to), ray://HOST:PORT or HOST:PORT
+
+    def __post_init__(self) -> None:
+        if not ray_engine.valid_address(self.address):
+            raise ConfigError(f"prepare.ray.address: expected auto, ray://HOST:PORT or HOST:PORT (got {self.address!r})")
+
+
+@dataclass(frozen=True)
 class PrepareConfig:
     """The recipe's top-level `prepare:` section: how data preparation (reading, PII/secret redaction,
     dedup, tokenization) runs. Not under `data:`, whose keys are the names of sources."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")
     workers: int | None = None  # worker processes; None: the cores this process may use
-    engine: Literal["local"] = "local"
+    engine: Literal["local", "ray"] = "local"  # ray: the shard tasks as Ray tasks on a cluster (forge.data.ray_engine)
+    ray: RayConfig | None = None  # engine: ray only (default: address auto)
     cache: str | None = None  # s3://bucket/prefix (or gs://, az://): the cleaned cache shared by every node
 
     def __post_init__(self) -> None:
+        if self.engine == "ray":
+            ray_engine.check_installed()
+            if self.ray is None:
+                object.__setattr__(self, "ray", RayConfig())
+        elif self.ray is not None:
+            raise ConfigError("prepare.ray: only with prepare.engine: ray (got engine: local)")
         if self.workers is not None and not 1 <= self.workers <= 4096:
             raise ConfigError(f"prepare.workers: must be between 1 and 4096 (got {self.workers!r})")
         if self.cache is not None and not is_remote(self.cache):
@@ -48,6 +68,16 @@ class PrepareConfig:
     @property
     def processes(self) -> int:
         return self.workers or available_cores()
+
+
+_ENGINE = PrepareConfig()  # how this process prepares data: the recipe's `prepare:` (use_engine)
+
+
+def use_engine(prepare: PrepareConfig) -> None:
+    """Prepare data in this process as `prepare` says (its engine), until told otherwise: every Engine
+    made without its own settings, the token caches' too, runs its tasks there."""
+    global _ENGINE
+    _ENGINE = prepare
 
 
 def available_cores() -> int:
@@ -84,17 +114,22 @@ class Engine:
     order; each phase says what it does and, while it runs, how far it is, at what rate and when it
     should end. A context manager: the processes start on first use and end with the block. Spawned,
     not forked (safe beside torch's and the tokenizers' threads); if they cannot start or die, the
-    phase runs here instead, and says so."""
+    phase runs here instead, and says so. With `prepare.engine: ray` the tasks run as Ray tasks on
+    the cluster instead (forge.data.ray_engine), the same functions, results in the same order."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, prepare: PrepareConfig | None = None):
         self.workers = max(1, workers)
         self._pool: ProcessPoolExecutor | None = None
         self._tracker_started = False
+        ray = (prepare or _ENGINE).ray
+        self._ray = ray_engine.RayTasks(ray.address) if ray is not None else None
 
     def __enter__(self) -> "Engine":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ray is not None:
+            self._ray.close()
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
@@ -118,9 +153,13 @@ class Engine:
             return result
 
         try:
-            if self.workers == 1 or total <= 1:  # one task: no process to start for it
+            if total <= 1 or (self.workers == 1 and self._ray is None):  # one task: no process to start for it
                 for task in tasks:
                     yield done(fn(task))
+                return
+            if self._ray is not None:
+                for result in self._ray.map(fn, tasks):
+                    yield done(result)
                 return
             queue: list[tuple[Any, Future]] = []
             for task in tasks:

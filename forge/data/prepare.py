@@ -54,7 +54,7 @@ def clean_sources(cfg: HygieneConfig, sources: dict[str, Source], todo: list[str
                                        cfg.decontam_min_ngram)
                     ngrams = index if len(index) else None
             with phase(f"data: cleaning {', '.join(todo)} (PII, secrets, duplicates) with {workers} worker(s)"):
-                with Engine(workers) as engine:
+                with Engine(workers, prepare) as engine:
                     stats = clean_in_shards(cfg, sources, todo, ngrams, tmp, Path(spill), engine)
             (tmp / "stats.json").write_text(json.dumps(stats.as_dict(), indent=1))
         if shared is not None:
