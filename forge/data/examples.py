@@ -65,10 +65,10 @@ def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: Form
     rows = iter(rows)
     while batch := list(islice(rows, CHUNK)):
         ready = []
-        for _record, where, row in batch:
+        for record, where, row in batch:
             stats.records += 1
             try:
-                ready.append(prepare(row, where))
+                ready.append((record, prepare(row, where)))
             except RecordError as e:
                 if on_error.action == "fail":
                     raise
@@ -79,11 +79,12 @@ def _records(rows: Iterable[tuple[int, str, Any]], source_name: str, stats: Form
                     raise ForgeError(f"data source {source_name!r}: more than {max_errors} bad records "
                                      f"(on_error: skip, max_errors: {max_errors}); first: {stats.errors[0]}; "
                                      f"last: {e}") from None
-        encoded = iter(encoder.encode_prepared([p for items in ready for p in items], limit))
-        for items in ready:
+        encoded = iter(encoder.encode_prepared([p for _, items in ready for p in items], limit))
+        for record, items in ready:
             ex = finish([next(encoded) for _ in items])
             if ex is not None:
                 stats.examples += 1
+                stats.kept.append(record)
                 yield ex
 
 

@@ -83,6 +83,7 @@ class FormatStats:
     dropped_too_long: int = 0
     dropped_no_labels: int = 0
     errors: list[str] = field(default_factory=list)  # the first few error messages, for the log
+    kept: list[int] = field(default_factory=list)    # the record number of each example made, in order
 
     def as_dict(self, prefix: str = "data.format") -> dict[str, int]:
         return {f"{prefix}.{k}": v for k, v in vars(self).items() if isinstance(v, int)}

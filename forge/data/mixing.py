@@ -144,6 +144,11 @@ class TokenStream:
         self._offset += len(piece)
         return piece
 
+    @property
+    def record(self) -> int:
+        """The record number of the document the last piece came from."""
+        return self._cur_record
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "repeats": self.repeats, "record": self._cur_record,
                 "offset": self._offset, "exhausted": self.exhausted}
@@ -181,10 +186,13 @@ class MixedBlocks:
         self.weights = {k: v / total for k, v in weights.items()}
         self.taken = {k: 0 for k in streams}
         self.rebalanced: list[str] = []  # sources dropped past max_repeats, in order
+        self.spans: list[tuple[str, int]] = []   # (source, record number) of each piece of the last block
+        self.handed: list[tuple[str, int]] = []  # the same for this rank's blocks since take_records()
 
     def next_block(self) -> list[int] | None:
         """One full block, or None when non-repeating streams cannot fill another."""
         block: list[int] = []
+        self.spans = []
         active = [k for k in self.streams if not self.streams[k].exhausted]
         while len(block) < self.seq_len and active:
             # deficit among the sources still drawing: once one is dropped (rebalance) the others
@@ -205,17 +213,26 @@ class MixedBlocks:
                 continue
             block += piece.tolist() if isinstance(piece, np.ndarray) else piece
             self.taken[name] += len(piece)
+            if (name, stream.record) not in self.spans[-1:]:
+                self.spans.append((name, stream.record))
         return block if len(block) == self.seq_len else None
 
     def next_batch(self, batch_size: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         """This rank's `batch_size` blocks out of the next `batch_size * world` (same stream on every rank)."""
         blocks = []
-        for _ in range(batch_size * world):
+        for i in range(batch_size * world):
             block = self.next_block()
             if block is None:
                 raise ForgeError("the data ran out before the stage's token budget was met")
             blocks.append(block)
+            if i // batch_size == rank:
+                self.handed += self.spans
         return torch.tensor(blocks[rank * batch_size:(rank + 1) * batch_size], dtype=torch.long)
+
+    def take_records(self) -> list[tuple[str, int]]:
+        """The (source, record number) of this rank's blocks handed out since the last call."""
+        out, self.handed = self.handed, []
+        return out
 
     def shares(self) -> dict[str, float]:
         seen = sum(self.taken.values()) or 1

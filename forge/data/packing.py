@@ -40,11 +40,13 @@ def _block(members: list[dict], seq_len: int, pad_id: int) -> dict:
         lengths.append(n)
     pad = seq_len - len(ids)
     return {"input_ids": ids + [pad_id] * pad, "labels": labels + [IGNORE] * pad,
-            "position_ids": pos + list(range(pad)), "lengths": lengths}
+            "position_ids": pos + list(range(pad)), "lengths": lengths,
+            "records": [ex["record"] for ex in members if "record" in ex]}  # (source, record number), if known
 
 
 def pack_best_fit(examples: list[dict], seq_len: int, pad_id: int) -> list[dict]:
-    """Blocks of `seq_len` tokens: input_ids, labels, position_ids (restarting), lengths (real tokens)."""
+    """Blocks of `seq_len` tokens: input_ids, labels, position_ids (restarting), lengths (real tokens),
+    records (the examples' `record`, where they carry one)."""
     _check(examples, seq_len)
     order = sorted(range(len(examples)), key=lambda i: -len(examples[i]["input_ids"]))  # stable
     bins: list[list[dict]] = []

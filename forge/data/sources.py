@@ -137,6 +137,17 @@ class Source:
                 for line, item in _read_file(path, self._format_of(path), self.split, self.text_fields, self.name):
                     yield path, line, item
 
+    def lines_of(self, numbers: set[int]) -> dict[int, str]:
+        """`file:line` of each of these record numbers: one read of the source up to the last of
+        them (only to name the records of a bad batch)."""
+        found: dict[int, str] = {}
+        for n, (path, line, _) in enumerate(self._items(), start=1):
+            if n in numbers:
+                found[n] = f"{path}:{line}"
+            if len(found) == len(numbers):
+                break
+        return found
+
     def skip(self, path, line: int, error: ForgeError) -> None:
         """Count a bad record (on_error: skip), or raise it (fail, or past max_errors)."""
         if self.on_error != "skip":
@@ -417,3 +428,11 @@ def _saved_dataset_rows(root: Path) -> Iterator[dict]:
     if hasattr(ds, "keys"):  # a DatasetDict: use its train split, else the first one
         ds = ds["train"] if "train" in ds else ds[next(iter(ds.keys()))]
     yield from ds
+
+
+def name_records(sources: dict[str, Source], records: list[tuple[str, int]]) -> list[str]:
+    """(source, record number) pairs as `source file:line`, in order (`source record N` where the
+    source is not known here)."""
+    lines = {name: sources[name].lines_of({n for s, n in records if s == name})
+             for name in {s for s, _ in records} if name in sources}
+    return [f"{s} {lines[s][n]}" if n in lines.get(s, {}) else f"{s} record {n}" for s, n in records]

@@ -55,6 +55,7 @@ class PairStream:
     def __init__(self, n: int, batch_size: int, seed: int):
         self.n, self.batch_size, self.seed, self.epoch, self.pos = n, batch_size, seed, 0, 0
         self.order = self._order(0)
+        self.handed: list[int] = []  # the pairs handed out (this rank) since take_handed
 
     def _order(self, epoch: int) -> list[int]:
         return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)).tolist()
@@ -67,7 +68,13 @@ class PairStream:
             k = min(self.batch_size * world - len(out), self.n - self.pos)
             out += self.order[self.pos:self.pos + k]
             self.pos += k
-        return out[rank * self.batch_size:(rank + 1) * self.batch_size]
+        mine = out[rank * self.batch_size:(rank + 1) * self.batch_size]
+        self.handed += mine
+        return mine
+
+    def take_handed(self) -> list[int]:
+        out, self.handed = self.handed, []
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "pos": self.pos}
@@ -84,8 +91,9 @@ def load_pairs(stage: DpoStage, sources: dict[str, Any], tokenizer: Any,
     for name in stage.data:
         spec = chat_spec(sources[name], f"stage {stage.name}")
         stats = FormatStats()
-        pairs += list(preference_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len,
-                                          name, stats, OnError(sources[name].on_error, sources[name].max_errors)))
+        made = preference_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len,
+                                   name, stats, OnError(sources[name].on_error, sources[name].max_errors))
+        pairs += [{**p, "record": (name, n)} for p, n in zip(list(made), stats.kept)]  # to name a bad batch's pairs
         counts[name] = stats
     return pairs, counts
 
@@ -213,7 +221,8 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
                 finish=lambda state: _outcome(stage, counts, state.tokens, data, (len(train), len(held)),
                                               inputs.checkpoint),
                 evaluate=(lambda step: heldout_figures(stage, reference, s.model)) if held else None,
-                samples=samples, chat_template=template)
+                samples=samples, chat_template=template, sources=inputs.sources,
+                records=lambda: [train[i]["record"] for i in data.take_handed()])
     return fit(s, task, tracker)
 
 

@@ -40,7 +40,8 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
                 finish=lambda state: _outcome(stage, mix, state, s.total_steps * stage.tokens_per_step * s.world),
                 evaluate=evaluate if held_out else None,  # no source has held-out blocks: no evaluation
                 row=lambda out: {**{f"tokens.{k}": v for k, v in mix.taken.items()},
-                                 **{f"repeats.{k}": v for k, v in mix.repeats().items()}})
+                                 **{f"repeats.{k}": v for k, v in mix.repeats().items()}},
+                records=mix.take_records, sources=inputs.sources)
     return fit(s, task, inputs.tracker)
 
 

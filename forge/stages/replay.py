@@ -13,7 +13,7 @@ from forge.data.sources import Source
 
 
 def text_examples(source: Source, tokenizer: Any, seq_len: int, held_out: bool,
-                  stats: FormatStats) -> Iterator[dict[str, list[int]]]:
+                  stats: FormatStats) -> Iterator[dict[str, Any]]:
     """{'input_ids', 'labels'} from the source's documents in one split (the stable hashed split the
     pretraining stages use): each document after the end-of-text separator, as pretraining packs
     it, cut into pieces of at most seq_len tokens; every token but the separator carries loss."""
@@ -33,4 +33,4 @@ def text_examples(source: Source, tokenizer: Any, seq_len: int, held_out: bool,
             stats.examples += 1
             stats.tokens += len(piece)
             stats.label_tokens += sum(t != IGNORE for t in labels)
-            yield {"input_ids": piece, "labels": labels}
+            yield {"input_ids": piece, "labels": labels, "record": (source.name, number)}

@@ -41,6 +41,7 @@ class SftStream:
         self.epoch, self.pos, self.units = 0, 0, self._epoch_units(0)
         self.real_tokens = 0  # non-pad tokens handed out (this rank)
         self._counted = 0
+        self.handed: list[tuple[str, int]] = []  # (source, record number) handed out (this rank) since take_records
 
     def _epoch_units(self, epoch: int) -> list[dict[str, Any]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -64,11 +65,16 @@ class SftStream:
 
     def next_batch(self, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
         units = self._take(self.batch_size * world)[rank * self.batch_size:(rank + 1) * self.batch_size]
+        self.handed += [r for u in units for r in (u["records"] if "records" in u else [u.get("record")]) if r]
         if self.packing == "pad":
             self.real_tokens += sum(len(u["input_ids"]) for u in units)
             return pad_batches(units, len(units), self.pad_id)[0][0]
         self.real_tokens += sum(sum(u["lengths"]) for u in units)
         return collate(units)
+
+    def take_records(self) -> list[tuple[str, int]]:
+        out, self.handed = self.handed, []
+        return out
 
     def new_real_tokens(self) -> int:
         """Non-pad tokens handed out (this rank) since the last call."""
@@ -96,8 +102,9 @@ def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
             examples += list(text_examples(sources[name], tokenizer, stage.seq_len, held_out, stats))
             continue
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
-        examples += list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
-                                      OnError(sources[name].on_error, sources[name].max_errors)))
+        made = list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
+                                 OnError(sources[name].on_error, sources[name].max_errors)))
+        examples += [{**ex, "record": (name, n)} for ex, n in zip(made, stats.kept)]  # to name a bad batch's records
         if template is None:
             template = resolve_chat_template(tokenizer, spec)[0]
     return examples, counts, template
@@ -146,7 +153,8 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
                 loss=masked_lm_loss, data=data, tokens=lambda _: data.new_real_tokens(),
                 finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
                 evaluate=evaluate if held_batches else None, samples=samples,
-                row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template)
+                row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template,
+                records=data.take_records, sources=inputs.sources)
     return fit(s, task, tracker)
 
 

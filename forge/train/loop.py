@@ -14,13 +14,14 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from forge.data.sources import name_records
 from forge.train.meter import Meter
-from forge.train.progress import phase, progress
+from forge.train.progress import phase, progress, say
 from forge.train.result import StageResult
 from forge.train.session import Session
 from forge.train.signals import GracefulStop, StopRequested
 from forge.train.state import TrainState
-from forge.train.step import DivergenceGuard, StepResult, train_step
+from forge.train.step import Divergence, DivergenceGuard, Record, StepResult, train_step
 
 
 class Tracker(Protocol):
@@ -28,6 +29,7 @@ class Tracker(Protocol):
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_text(self, text: str, artifact_file: str) -> None: ...
 
 
 class Stream(Protocol):
@@ -54,7 +56,10 @@ class Task:
     `tokens(batches)` the real tokens of a step's micro-batches on this rank. `evaluate(step)` returns held-out figures
     (the loop logs them), `samples(step)` logs sample generations, `before_step(step)` runs untimed
     work ahead of a step (RFT's rollouts), `row(result)` adds the kind's own figures to a log line
-    (called on every rank, at the log interval only), and `finish(state)` its final figures."""
+    (called on every rank, at the log interval only), and `finish(state)` its final figures.
+    `records()` gives the (source, record number) of the records in the micro-batches handed out
+    since its last call (this rank's; the loop takes them after each `batches()`), and `sources`
+    names them `source file:line` when the guard skips or stops a step."""
 
     batches: Callable[[], list[Any]]
     loss: Callable[[torch.nn.Module, Any], Any]
@@ -67,6 +72,8 @@ class Task:
     row: Callable[[StepResult], dict[str, float]] | None = None
     chat_template: str | None = None  # saved with the tokenizer (post-training)
     postfix: str = ""                 # the progress bar's extra figure, a key of the log row
+    records: Callable[[], list[Record]] | None = None
+    sources: dict[str, Any] = field(default_factory=dict)  # data source name -> forge.data.sources.Source
 
 
 class _Ranks:
@@ -141,11 +148,36 @@ def _periodic(s: Session, task: Task, tracker: Tracker, state: TrainState, ctx: 
         raise StopRequested(cfg.name, step, guard.last_good_checkpoint)
 
 
+def _traced_step(s: Session, task: Task, tracker: Tracker, at: tuple[DivergenceGuard, int],
+                 stop: GracefulStop) -> tuple[list[Any], StepResult]:
+    """One step over the task's next batches; a step the guard skips or stops at has its message and
+    the records of its batches logged to the run (guard/step-N.txt and a tag)."""
+    guard, step = at
+    batches = task.batches()
+    guard.batch = list(dict.fromkeys(task.records())) if task.records is not None else []  # each record once
+    try:
+        out = train_step(s, batches, task.loss, guard, step, stop)
+    except Divergence as e:
+        _log_trip(tracker, guard, step, str(e))
+        raise
+    if out.skipped is not None:
+        if s.is_main:
+            say(guard.note)
+        _log_trip(tracker, guard, step, guard.note)
+    return batches, out
+
+
+def _log_trip(tracker: Tracker, guard: DivergenceGuard, step: int, message: str) -> None:
+    tracker.set_tags({f"guard.step-{step}": message})
+    listed = [message, "", f"records in this rank's batches ({len(guard.named)}):", *guard.named]
+    tracker.log_text("\n".join(listed) + "\n", f"guard/step-{step}.txt")
+
+
 def fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
     """Train the session's model on the task to `s.total_steps`; save `out_dir/final` and return
     the metrics (the kind's, the loop's: loss, tokens, throughput, memory, guard skips)."""
     cfg = s.settings
-    guard = DivergenceGuard(cfg.guard, f"stage {cfg.name}")
+    guard = DivergenceGuard(cfg.guard, f"stage {cfg.name}", lambda records: name_records(task.sources, records))
     state = TrainState(s.optimizer, s.scheduler, task.data, guard)
     _start(s, task, tracker, state, guard)
     meter, ranks, loss, row = Meter(), _Ranks(s), math.nan, {}
@@ -156,8 +188,7 @@ def fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
             if task.before_step is not None:
                 with meter.paused():
                     task.before_step(step)
-            batches = task.batches()
-            out = train_step(s, batches, task.loss, guard, step, stop)
+            batches, out = _traced_step(s, task, tracker, (guard, step), stop)
             state.step, loss = step, out.loss
             ranks.add(task.tokens(batches), out)
             meter.step()

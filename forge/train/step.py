@@ -24,6 +24,10 @@ from forge.train.session import Session
 from forge.train.signals import GracefulStop
 
 
+Record = tuple[str, int]  # (data source, record number): a record a batch holds
+SHOWN = 5  # records a guard message names; the rest are counted (all are in the run's guard/step-N.txt)
+
+
 class Divergence(ForgeError):
     """Training diverged (non-finite or spiking loss) and the guard stopped the stage."""
 
@@ -56,11 +60,14 @@ class DivergenceGuard:
     """Trips on a non-finite loss or gradient norm, or on a loss above spike_factor x the mean of
     the last `window` accepted losses; then stops the stage or skips the batch (`action`)."""
 
-    def __init__(self, cfg: Guard, where: str):
-        self.cfg, self.where = cfg, where
+    def __init__(self, cfg: Guard, where: str, name: Callable[[list[Record]], list[str]] | None = None):
+        self.cfg, self.where, self.name = cfg, where, name  # name: records as `source file:line`
         self.recent: deque[float] = deque(maxlen=cfg.window)
         self.skipped = 0
         self.last_good_checkpoint: Path | None = None  # set by the stage as it writes checkpoints
+        self.batch: list[Record] = []  # the records of this rank's step being taken (set by the loop)
+        self.named: list[str] = []     # the last tripped step's records, named
+        self.note = ""                 # the last skip's message
 
     def problem(self, loss: float, grad_norm: float | None) -> str | None:
         if not math.isfinite(loss):
@@ -75,15 +82,27 @@ class DivergenceGuard:
         return None
 
     def trip(self, step: int, why: str) -> None:
-        """Raise Divergence (action stop, or too many skips); else count a skip."""
+        """Name the step's records; raise Divergence (action stop, or too many skips), else count a
+        skip and keep its message in `note`."""
         self.skipped += 1
+        self.named = self.name(self.batch) if self.name is not None and self.batch else []
+        held = self.held(step)
         if self.cfg.action == "skip" and self.skipped <= self.cfg.max_skips:
+            self.note = f"{self.where}: {why} at step {step}{held}; skipped the batch"
             return
         kept = (f"last good checkpoint: {self.last_good_checkpoint}" if self.last_good_checkpoint
                 else "no checkpoint was written before it")
         extra = f" (skipped {self.skipped - 1} step(s) before)" if self.cfg.action == "skip" else ""
-        raise Divergence(f"{self.where}: {why} at step {step}{extra}; stopped ({kept}). Lower optim.lr, "
+        raise Divergence(f"{self.where}: {why} at step {step}{extra}{held}; stopped ({kept}). Lower optim.lr, "
                          "raise guard.spike_factor, set guard.action: skip, or use precision fp32")
+
+    def held(self, step: int) -> str:
+        """'; the batch held: a f:3, b g:9 and 4 more (guard/step-N.txt)', or '' when not traced."""
+        if not self.named:
+            return ""
+        more = len(self.named) - SHOWN
+        rest = f" and {more} more (all in the run's guard/step-{step}.txt)" if more > 0 else ""
+        return f"; the batch held: {', '.join(self.named[:SHOWN])}{rest}"
 
     def accept(self, loss: float) -> None:
         self.recent.append(loss)
