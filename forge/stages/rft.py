@@ -35,7 +35,7 @@ from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import Loss
 from forge.train.session import Session, open_session
 from forge.train.state import TrainState
-from forge.train.step import StepResult
+from forge.train.step import Record, StepResult
 
 
 Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fields rewards receive)
@@ -44,13 +44,15 @@ Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fiel
 class PromptStream:
     """Prompts, epoch after epoch in file order; its position is part of the resume state."""
 
-    def __init__(self, rows: list[Prompt]):
-        self.rows, self.pos = rows, 0
+    def __init__(self, rows: list[Prompt], records: list[Record] | None = None):
+        self.rows, self.pos, self.records = rows, 0, records or []  # records: each row's (source, record number)
+        self.last: list[Record] = []  # the records of the last take
 
     def take(self, n: int) -> list[Prompt]:
-        out = [self.rows[(self.pos + i) % len(self.rows)] for i in range(n)]
+        at = [(self.pos + i) % len(self.rows) for i in range(n)]
         self.pos += n
-        return out
+        self.last = [self.records[i] for i in at] if self.records else []
+        return [self.rows[i] for i in at]
 
     def state_dict(self) -> dict[str, Any]:
         return {"pos": self.pos}
@@ -92,6 +94,7 @@ class Rollouts:
         self.encoder = ChatEncoder(s.tokenizer, FormatSpec("prompt_completion"))
         self.generator = make_generator(stage, s.place.checkpoint, s.tokenizer, s.pad_id, s.device, stage.seed + s.rank)
         self.micro: list[dict[str, torch.Tensor]] = []  # the loss's micro-batches
+        self.records: list[Record] = []  # (source, record number) of the prompts the current rollout holds
         self.scores: list[dict[str, Any]] = []  # per micro-batch: reward source -> scores, and "total"
         self.table: dict[str, list[Any]] = {}
         self.metrics: dict[str, list[float]] = {}  # a Nova source's metrics_list values in this rollout
@@ -129,6 +132,7 @@ class Rollouts:
         for _ in range(stage.grad_accum):
             # every rank takes the whole step's prompts and keeps its share, as the other stages do
             batch = self.data.take(stage.batch_size * s.world)[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
+            records = self.data.last[s.rank * stage.batch_size:(s.rank + 1) * stage.batch_size]
             messages = [m for m, _ in batch]
             seqs, mask, cmask, width, texts, shown, scores = self._sample(model, batch)
             prompts = [m[-1]["content"] for m in messages for _ in range(stage.group)]
@@ -146,7 +150,7 @@ class Rollouts:
                 [torch.tensor(scores[k]) for k in weights], list(weights.values()), stage.group)
             out.append({"seqs": seqs, "mask": mask, "cmask": cmask, "width": width, "scores": scores, "total": total,
                         "adv": adv, "behav": token_logps(model, seqs, mask, width), "prompts": prompts,
-                        "shown": shown, "metrics": metrics})
+                        "shown": shown, "metrics": metrics, "records": records})
         return out
 
     def _consume(self, model: torch.nn.Module, rollout: list[dict[str, Any]], age: int) -> None:
@@ -154,6 +158,7 @@ class Rollouts:
         policy's log-probs for the importance weights and takes the current policy's as `old`."""
         self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
         self.metrics = {}
+        self.records = [x for r in rollout for x in r.get("records", [])]  # what the steps on it train on
         for r in rollout:
             seqs, mask, width = r["seqs"], r["mask"], r["width"]
             micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": r["cmask"].float(),
@@ -279,7 +284,7 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
     ref = None
     if stage.kl_beta:
         ref = s.frozen_input()
-    data = PromptStream(rows)
+    data = PromptStream(rows, [(n, k) for n in stage.data for k, _, _ in split_rows(inputs.sources[n], held_out=False)])
     if stage.rollout.mode == "off_policy_async" and s.world > 1:
         raise ForgeError(f"stage {stage.name}: rollout: off_policy_async runs in one process; this launch has {s.world}")
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
@@ -288,7 +293,8 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
     task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,
                 tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
                 samples=roll.samples, before_step=roll.before_step, row=roll.row, evaluate=roll.evaluate,
-                chat_template=roll.encoder.template, postfix="reward_mean")
+                chat_template=roll.encoder.template, postfix="reward_mean", records=lambda: roll.records,
+                sources=inputs.sources)
     try:
         return fit(s, task, inputs.tracker)
     finally:
