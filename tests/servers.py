@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
+import threading
 import os
 import pwd
 import shutil
@@ -16,12 +18,38 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def json_server(answer):
+    """An HTTP server on 127.0.0.1 that answers each POST with `answer(body, path)` as JSON; yields its
+    base URL (http://127.0.0.1:PORT)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = json.dumps(answer(body, self.path)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
 
 
 def free_port() -> int:

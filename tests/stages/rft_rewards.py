@@ -1,4 +1,4 @@
-"""Reward functions for the RFT tests (named by file path in the stages under test)."""
+"""Reward functions for the RFT tests (named by file path in the stages under test), and a tracker that keeps their reward rows."""
 import asyncio
 import math
 import time
@@ -93,3 +93,17 @@ def chaos(prompts, completions, mode, **fields):
     if how == "huge":
         return [0.0] * (n + 3_000_000)
     return [0.0] * n
+
+
+class RewardRows:
+    """A tracker that keeps the RFT stage's logged rows holding a mean reward (and ignores the rest)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, m, step=None):
+        if "reward_mean" in m:
+            self.rows.append(m)
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None

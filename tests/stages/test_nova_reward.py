@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from forge.lm.rewards import Reward, RewardError
 from forge.recipe import DataSource, RftStage
 from forge.recipe.settings import RewardSource
 from forge_testing import REPO, Recorder, run_stage
+from servers import json_server
 
 HERE = Path(__file__).resolve().parent
 LAMBDA = REPO / "recipes" / "rewards" / "nova_lambda.py"
@@ -83,28 +82,15 @@ def test_a_nova_lambda_runs_unchanged_through_boto3():
     assert reward.label == "grader" and reward.metrics["metric.words"] == [6.0, 3.0]
 
 
-class _Nova(BaseHTTPRequestHandler):
-    def do_POST(self):
-        samples = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        answer = handler()(samples, None)
-        if self.path == "/twice":
-            answer = [answer[0], answer[0]] + answer[2:]
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
+def _nova(samples, path):
+    answer = handler()(samples, None)
+    return [answer[0], answer[0]] + answer[2:] if path == "/twice" else answer
 
 
 @pytest.fixture
 def endpoint():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Nova)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with json_server(_nova) as url:
+        yield url
 
 
 def test_a_nova_endpoint_on_http(endpoint):

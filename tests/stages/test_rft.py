@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from forge.recipe import DataSource, RftStage
 from forge.lm.rewards import Reward, RewardError
 from forge_testing import run_stage
 import rft_rewards
+from servers import json_server
 
 HERE = Path(__file__).resolve().parent
 REWARDS = HERE / "rft_rewards.py"
@@ -36,20 +35,8 @@ def rft(source=f"{REWARDS}:e_share", **kw) -> RftStage:
     return RftStage(**cfg)
 
 
-class Rows:
-    def __init__(self):
-        self.rows = []
-
-    def log_metrics(self, m, step=None):
-        if "reward_mean" in m:
-            self.rows.append(m)
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
 def rises(tmp_path, tiny_checkpoint, stage):
-    t = Rows()
+    t = rft_rewards.RewardRows()
     result = run_stage(stage, tiny_checkpoint, prompts(tmp_path), tmp_path / "o", tracker=t)
     first = sum(r["reward_mean"] for r in t.rows[:3]) / 3
     last = sum(r["reward_mean"] for r in t.rows[-3:]) / 3
@@ -66,27 +53,10 @@ def test_grpo_raises_the_mean_reward_python(tmp_path, tiny_checkpoint):
     assert (result.checkpoint / "model.safetensors").is_file()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        scores = rft_rewards.e_share(body["prompts"], body["completions"])
-        data = json.dumps({"rewards": scores}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/score"
-    srv.shutdown()
+    with json_server(lambda body, path: {"rewards": rft_rewards.e_share(body["prompts"], body["completions"])}) as url:
+        yield f"{url}/score"
 
 
 @pytest.mark.slow

@@ -12,18 +12,7 @@ from safetensors.torch import load_file
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, RftStage
 from forge_testing import run_stage
-
-
-class Rows:
-    def __init__(self):
-        self.rows = []
-
-    def log_metrics(self, m, step=None):
-        if "reward_mean" in m:
-            self.rows.append(m)
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+import rft_rewards
 
 
 def test_rft_with_a_local_judge_reward_trains(tmp_path, tiny_checkpoint):
@@ -33,7 +22,7 @@ def test_rft_with_a_local_judge_reward_trains(tmp_path, tiny_checkpoint):
     stage = RftStage(name="rft", kind="rft", data=["p"], max_steps=3, seq_len=64, batch_size=2, group=4,
                      max_new_tokens=8, optim={"lr": 2e-3}, log_every=1,
                      rewards=[{"source": f"judge:{tiny_checkpoint}", "judge": {"scoring": "group"}}])
-    t = Rows()
+    t = rft_rewards.RewardRows()
     result = run_stage(stage, tiny_checkpoint, sources, tmp_path / "o", tracker=t)
     assert len(t.rows) == 3
     for row in t.rows:
