@@ -88,13 +88,10 @@ def mirror(url: str, root: Path, data_suffixes: tuple[str, ...]) -> tuple[Path, 
             local.parent.mkdir(parents=True, exist_ok=True)
             part = local.with_name(local.name + ".partial")
             try:
-                if scheme == "s3":
-                    _s3().download_file(bucket, key, str(part))
-                else:
-                    _fsspec(scheme, url).get(f"{bucket}/{key}", str(part))
-            except Exception as e:
+                _download(scheme, url, bucket, key, part)
+            except ForgeError:
                 part.unlink(missing_ok=True)
-                raise ForgeError(f"{scheme}://{bucket}/{key}: cannot read the object ({type(e).__name__}: {e})") from None
+                raise
             os.replace(part, local)
             tag.write_text(etag)
         out.append(local)
@@ -128,11 +125,16 @@ def get_dir(url: str, local: Path, marker: str) -> bool:
     for k in found:
         dest = local / k[len(key):]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            if scheme == "s3":
-                _s3().download_file(bucket, k, str(dest))
-            else:
-                _fsspec(scheme, url).get(f"{bucket}/{k}", str(dest))
-        except Exception as e:
-            raise ForgeError(f"{scheme}://{bucket}/{k}: cannot read the object ({type(e).__name__}: {e})") from None
+        _download(scheme, url, bucket, k, dest)
     return True
+
+
+def _download(scheme: str, url: str, bucket: str, key: str, dest: Path) -> None:
+    """One object into the file `dest`; a failure is one line naming the object."""
+    try:
+        if scheme == "s3":
+            _s3().download_file(bucket, key, str(dest))
+        else:
+            _fsspec(scheme, url).get(f"{bucket}/{key}", str(dest))
+    except Exception as e:
+        raise ForgeError(f"{scheme}://{bucket}/{key}: cannot read the object ({type(e).__name__}: {e})") from None
