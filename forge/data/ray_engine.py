@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
@@ -39,6 +40,19 @@ def _run(fn: Callable[[Any], Any], task: Any) -> Any:
     return fn(task)
 
 
+def _check_reachable(address: str, seconds: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers on is a one-line error now: ray.init would
+    retry it for minutes. `auto` is left to Ray (it reads RAY_ADDRESS or the local cluster's files)."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+    except OSError as e:
+        raise ForgeError(f"prepare.ray.address: nothing answers at {address!r} ({e.strerror or e}); "
+                         "start the cluster (ray start --head) or fix the address") from None
+
+
 class RayTasks:
     """Runs `fn` over tasks as Ray tasks (one CPU each) on the cluster at `address`, connecting on
     first use; at most 2 tasks a cluster CPU in flight, results in task order. The tasks read and
@@ -58,6 +72,7 @@ class RayTasks:
             except ImportError:
                 raise ForgeError(f"prepare.engine: ray needs Ray, which is not installed here: {INSTALL}") from None
             if not ray.is_initialized():
+                _check_reachable(self.address)
                 try:
                     ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
                 except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:

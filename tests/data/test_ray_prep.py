@@ -43,6 +43,14 @@ def test_bad_ray_settings_name_the_field():
         PrepareConfig(ray=RayConfig())
 
 
+def test_an_address_nothing_answers_on_is_one_line_not_minutes_of_retries():
+    with socket.socket() as s:  # a port bound here but not listening: a connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        with pytest.raises(ForgeError, match=rf"prepare.ray.address: nothing answers at '{address}'"):
+            ray_engine._check_reachable(address)
+
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'forge[ray]')")
 
 
