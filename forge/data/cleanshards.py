@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 import shutil
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -35,7 +34,7 @@ class Screen:
 
     shard: Shard
     cfg: HygieneConfig
-    ngrams: str | None  # a pickled NgramIndex of the evaluation texts
+    ngrams: str | None  # an NgramIndex of the evaluation texts, saved as .npz
     prefix: str
     parts: int
 
@@ -52,8 +51,7 @@ class Screened:
 
 @lru_cache(maxsize=2)
 def _ngrams(path: str) -> NgramIndex:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    return NgramIndex.load(path)
 
 
 def screen(task: Screen) -> Screened:
@@ -188,9 +186,8 @@ def clean_in_shards(cfg: HygieneConfig, sources: dict[str, Source], todo: list[s
     parts = max(1, min(256, math.ceil(total_bytes / PARTITION_BYTES)))
     index = None
     if ngrams is not None:
-        index = str(spill / "ngrams.pkl")
-        with open(index, "wb") as f:
-            pickle.dump(ngrams, f)
+        index = str(spill / "ngrams.npz")
+        ngrams.save(index)
     meta: list[tuple[str, Source, bool]] = []  # (source name, source, read by byte range) per shard
     failed: list[ForgeError] = []
 

@@ -285,6 +285,21 @@ class NgramIndex:
         pos = np.searchsorted(sorted_hay, needles).clip(max=len(sorted_hay) - 1)
         return bool((sorted_hay[pos] == needles).any())
 
+    def save(self, path: str) -> None:
+        """The index as plain arrays (numpy's .npz, no pickle), for worker processes to load."""
+        arrays = {f"short_{m}": v for m, v in self._short.items()}
+        np.savez(path, full=self._full, sizes=np.array([self.n, self.min_n, self.texts]), **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "NgramIndex":
+        """An index `save` wrote (loaded without pickle: data files never run code)."""
+        index = cls([])
+        with np.load(path, allow_pickle=False) as z:
+            index.n, index.min_n, index.texts = (int(v) for v in z["sizes"])
+            index._full = z["full"]
+            index._short = {int(k.removeprefix("short_")): z[k] for k in z.files if k.startswith("short_")}
+        return index
+
     def contaminated(self, wh: np.ndarray) -> bool:
         """Whether the word hashes `wh` of a training text share an indexed n-gram."""
         if self._any_in(ngram_hashes(wh, self.n), self._full):
