@@ -8,13 +8,14 @@ import torch
 from safetensors.torch import load_file
 
 from forge_testing import run_stage
-from test_rft import REWARDS, Rows, prompts, rft
+from rft_rewards import RewardRows
+from test_rft import REWARDS, prompts, rft
 
 ASYNC = {"mode": "off_policy_async"}
 
 
 def train(tmp_path, tiny_checkpoint, name, **kw):
-    t = Rows()
+    t = RewardRows()
     st = rft(f"{REWARDS}:e_share", max_steps=3, batch_size=2, group=4, max_new_tokens=8, **kw)
     result = run_stage(st, tiny_checkpoint, prompts(tmp_path), tmp_path / name, tracker=t)
     return load_file(result.checkpoint / "model.safetensors"), t.rows

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from forge.errors import ForgeError
 from forge_testing import base_recipe, run_stage, write_recipe
-from test_rft import REWARDS, Rows, prompts, rft
+from rft_rewards import RewardRows
+from test_rft import REWARDS, prompts, rft
 
 FAKE_VLLM = '''
 """A stand-in for vLLM's offline API (LLM, SamplingParams) backed by a transformers model."""
@@ -131,7 +132,7 @@ def test_recipe_with_vllm_generation_fails_validation_with_the_dotted_path(tmp_p
 def test_grpo_with_vllm_generation_syncs_the_policy_each_rollout(tmp_path, tiny_checkpoint, fake_vllm):
     from safetensors.torch import load_file
 
-    t = Rows()
+    t = RewardRows()
     stage = rft(generation="vllm", max_steps=12, updates_per_rollout=2, kl_beta=0.01)
     result = run_stage(stage, tiny_checkpoint, prompts(tmp_path), tmp_path / "o", tracker=t)
     calls = fake_vllm.CALLS
