@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from forge.recipe.registry import StageSettings, kind_name
-from forge.recipe.settings import DpoStage, MidtrainStage, PretrainStage, RftStage, SftStage, SoupStage, TrainSettings
+from forge.recipe.settings import DpoStage, MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
+from forge.recipe.rft_settings import RftStage
 
 
 def _resolve(dotted: str) -> Any:

@@ -29,7 +29,7 @@ import torch
 from forge.data.formats import ChatEncoder
 from forge.errors import ForgeError
 from forge.lm.generation import Device, Model, Tokenizer, cut_at_eos
-from forge.recipe.settings import RftStage
+from forge.recipe.rft_settings import RftStage
 from forge.usercode import load_function
 
 Messages = list[dict[str, Any]]

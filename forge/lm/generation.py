@@ -19,7 +19,7 @@ import torch
 from forge.data.formats import ChatEncoder
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
-from forge.recipe.settings import RftStage
+from forge.recipe.rft_settings import RftStage
 
 # a transformers model (or a PEFT model over one) and its tokenizer: Any to mypy, as the session holds them
 Model = Any

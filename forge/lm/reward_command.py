@@ -26,7 +26,7 @@ from forge.errors import ForgeError
 from forge.lm.nova_reward import event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.progress import say
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,7 +40,7 @@ from forge.errors import ForgeError
 from forge.lm.nova_reward import Answer, event, read_answer
 from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 from forge.usercode import split_spec
 
 Fields = dict[str, list[Any]]  # the prompt rows' other columns, one list per column

@@ -1,5 +1,5 @@
 """The recipe: a typed schema validated once at load time (schema.py), the per-stage settings
-(settings.py) and their registry by kind (registry.py), data sources (data.py), the evaluation block (eval.py), the safe YAML reader
+(settings.py; the rft stage's in rft_settings.py) and their registry by kind (registry.py), data sources (data.py), the evaluation block (eval.py), the safe YAML reader
 (yaml.py) and error reporting with dotted overrides (errors.py). Import the public names from here."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from forge.recipe.schema import (
 )
 from forge.recipe.settings import (
     CheckpointSettings, ContextExtension, DpoStage, EvalSettings, Guard, Lora, MergeBack, MidtrainStage,
-    NovaMixture, Optim, PostTrainSettings, PretrainStage, RewardSource, RftStage, RopeScaling, Samples, Schedule,
-    SftStage, SoupStage, TrainSettings,
+    NovaMixture, Optim, PostTrainSettings, PretrainStage, RopeScaling, Samples, Schedule, SftStage, SoupStage,
+    TrainSettings,
 )
+from forge.recipe.rft_settings import RewardSource, RftStage
 
 __all__ = [
     "NAME", "DataSource", "GeneratedText", "Strict",

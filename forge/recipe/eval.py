@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from forge.recipe.data import NAME, Strict
 from forge.recipe.judge import LlmJudge, is_file_source
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 
 
 class FactRecall(Strict):

@@ -32,9 +32,10 @@ from forge.recipe.yaml import read_recipe_yaml
 
 # -------------------------------------------------------------------------------------- stages
 from forge.recipe.settings import (  # noqa: E402,F401  (re-exported with the schema)
-    ContextExtension, DpoStage, RftStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
+    ContextExtension, DpoStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
     SoupStage, TrainSettings,
 )
+from forge.recipe.rft_settings import RftStage  # noqa: E402,F401  (registers the rft kind)
 from forge.recipe.registry import AnyStage, StageSettings, stage_kinds  # noqa: E402,F401
 from forge.recipe.eval import EvalBlock  # noqa: E402
 from forge.recipe.judge import resolve_judge_paths  # noqa: E402

@@ -25,7 +25,7 @@ from forge.errors import ForgeError
 from forge.lm.agent import Agent, trajectory_batch
 from forge.lm.generation import completion_batch, make_generator
 from forge.lm.rewards import Reward, unique_labels
-from forge.recipe.settings import RftStage
+from forge.recipe.rft_settings import RftStage
 from forge.stages.async_rollout import Ahead
 from forge.stages.post_data import split_rows
 from forge.stages.result import StageInputs, StageResult

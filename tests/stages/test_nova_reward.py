@@ -17,7 +17,7 @@ from forge.inputs import resolve_source
 from forge.lm.nova_reward import event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.recipe import DataSource, RftStage
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 from forge_testing import REPO, Recorder, run_stage
 from servers import json_server
 

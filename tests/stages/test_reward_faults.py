@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from forge.lm.rewards import Reward, RewardError, check_scores
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 from forge_testing import REPO, base_recipe, write_recipe
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +54,7 @@ def reward(source: str, **kw) -> Reward:
 CALL = """
 import sys
 from forge.lm.rewards import Reward, RewardError
-from forge.recipe.settings import RewardSource
+from forge.recipe.rft_settings import RewardSource
 r = Reward(RewardSource(source={source!r}, timeout_s=1.0))
 try:
     r(["p", "q"], ["a", "b"], {{}}, batch=7)
