@@ -21,6 +21,8 @@ class Optim(Strict):
     eps: float = Field(1e-8, gt=0, le=1.0)
     grad_clip: float | None = Field(1.0, gt=0)
     carry_over: bool = Field(False, description="start from the input checkpoint's optimizer moments")
+    fused: bool | None = Field(None, description="one fused AdamW kernel per step (default: on an accelerator "
+                               "such as CUDA; off on CPU, where the per-tensor loop keeps the reference numbers)")
 
     @model_validator(mode="after")
     def _betas(self) -> "Optim":
@@ -92,6 +94,8 @@ class TrainSettings(StageSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     guard: Guard = Guard()
     log_every: int = Field(1, gt=0)
+    compile: bool = Field(False, description="torch.compile each decoder layer (as torchtitan does): faster steps "
+                          "on a GPU after a one-off compilation at the first step")
     merge: MergeBack | None = Field(None, description="interpolate the output back toward the input weights")
 
     @model_validator(mode="after")

@@ -22,3 +22,4 @@ class StageInputs:
     log: Callable[..., None] = print
     run_id: str | None = None             # the run identity (forge.rundir); resume continues only its checkpoints
     parallelism: Any = "ddp"              # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
+    flops: Any = None                     # forge.train.meter.Flops: for tokens/s -> MFU per log window

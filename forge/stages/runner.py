@@ -9,13 +9,16 @@ from typing import Any, Callable
 
 from forge.inputs import Inputs
 from forge.lineage import MergeRecord, StageRecord
+from forge.plan.device_peak import flops_per_token, peak_flops_for_device
 from forge.plan.runlog import log_measured, log_plan_chart, log_stage_plan
 from forge.kinds import KINDS, trains
 from forge.stages.result import StageInputs, StageResult
 from forge.track.notes import stage_note
 from forge.track.protocol import Tracker
 from forge.track.runs import RunIds
+from forge.train.accel import device_name, process_state
 from forge.train.checkpoint import finished_result
+from forge.train.meter import Flops
 from forge.train.memory import peak_rss_mb, reset_peak_rss
 
 
@@ -75,7 +78,7 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, resume=resume,
                                      outputs=dict(p.outputs), log=p.log, run_id=p.place.run_id,
-                                     parallelism=p.place.parallelism)
+                                     parallelism=p.place.parallelism, flops=_flops(stage, p))
                 reset_peak_rss()
                 result = KINDS[stage.kind].runner()(stage, inputs)
                 result.metrics["peak_rss_mb"] = peak_rss_mb()  # this process's, while the stage trained
@@ -97,13 +100,23 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
     return result, record
 
 
+def _flops(stage: Any, p: PipelineState) -> Flops | None:
+    """The model's FLOPs per trained token and this process's chip peak, for MFU per log window
+    (None for a model the planner cannot count). FSDP's bf16 mixed precision computes in bf16."""
+    per_token = flops_per_token(p.planned.model_config, stage.seq_len) if p.planned.model_config else None
+    if per_token is None or not trains(stage):
+        return None
+    mixed = getattr(p.place.parallelism, "mixed_precision", "none") == "bf16"
+    precision = "bf16" if mixed else stage.precision
+    return Flops(per_token, peak_flops_for_device(device_name(process_state().device), precision))
+
+
 def _merge_back(stage: Any, checkpoint: Path, result: StageResult, place: RunPlace) -> MergeRecord | None:
     """With `merge: {weight}`, the stage's output becomes its interpolation toward the input weights
     (written through the strategy's checkpointer); returns what the lineage records of it."""
     cfg = getattr(stage, "merge", None)
     if cfg is None:
         return None
-    from forge.train.accel import process_state
     from forge.train.parallel import checkpointer
 
     trained, out = result.checkpoint, place.out / "stages" / stage.name / "merged"

@@ -55,6 +55,22 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(torch.accelerator.max_memory_allocated(device))
 
 
+def device_name(device: torch.device) -> str:
+    """What the runtime calls this device ("NVIDIA H100 80GB HBM3"), or its type ("cpu")."""
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and backend is not None and hasattr(backend, "get_device_name"):
+        return str(backend.get_device_name(device))
+    return device.type
+
+
+def has_fused_adamw(device: torch.device) -> bool:
+    """Whether torch has a fused AdamW kernel for this device type (it checks only at the first step)."""
+    from torch.optim import optimizer
+
+    supported: list[str] = getattr(optimizer, "_get_fused_kernels_supported_devices")()  # torch's own list
+    return device.type in supported
+
+
 def group_backend(device: torch.device) -> str | None:
     """The process-group backend for a device (None: torch's default for it)."""
     return {"cpu": "gloo", "cuda": "nccl"}.get(device.type)

@@ -49,13 +49,13 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _layers(hf: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(hf: torch.nn.Module, why: str = "parallelism.strategy: fsdp", fix: str = "use strategy ddp") -> list[torch.nn.Module]:
     """The decoder layers: the modules transformers never splits across devices (`_no_split_modules`)."""
     names = set(getattr(hf, "_no_split_modules", None) or [])
     found = [m for m in hf.modules() if type(m).__name__ in names]
     if not found:
-        raise ForgeError(f"parallelism.strategy: fsdp: cannot find the decoder layers of {type(hf).__name__} "
-                         "(no _no_split_modules); use strategy ddp")
+        raise ForgeError(f"{why}: cannot find the decoder layers of {type(hf).__name__} "
+                         f"(no _no_split_modules); {fix}")
     return found
 
 
@@ -98,7 +98,7 @@ def shard(model: torch.nn.Module, opts: Options, device: torch.device) -> torch.
     offload = CPUOffloadPolicy(pin_memory=pins_memory(device)) if opts.cpu_offload else OffloadPolicy()
     kw: dict[str, Any] = {"mesh": _mesh(device, opts.sharding), "mp_policy": mp, "offload_policy": offload}
     hf = hf_model(model)
-    layers = _layers(hf)
+    layers = decoder_layers(hf)
     for layer in layers:
         fully_shard(layer, **kw)
     outside = _outside(hf, layers)

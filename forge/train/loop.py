@@ -123,7 +123,8 @@ def _log(s: Session, task: Task, tracker: Tracker, state: TrainState,
          ctx: tuple[Meter, _Ranks, StepResult]) -> dict[str, float]:
     meter, ranks, out = ctx
     stats = ranks.flush(state, meter)
-    row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": meter.window_tokens_per_s(), "tokens": state.tokens,
+    tps = meter.window_tokens_per_s()
+    row = {"loss": out.loss, "lr": out.lr, "tokens_per_s": tps, **meter.utilisation(tps), "tokens": state.tokens,
            **stats, **(task.row(out) if task.row is not None else {})}
     if out.grad_norm is not None:
         row["grad_norm"] = out.grad_norm
@@ -180,7 +181,7 @@ def fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
     guard = DivergenceGuard(cfg.guard, f"stage {cfg.name}", lambda records: name_records(task.sources, records))
     state = TrainState(s.optimizer, s.scheduler, task.data, guard)
     _start(s, task, tracker, state, guard)
-    meter, ranks, loss, row = Meter(), _Ranks(s), math.nan, {}
+    meter, ranks, loss, row = Meter(s.place.flops, s.world), _Ranks(s), math.nan, {}
     bar = progress(s.total_steps, cfg.name, enabled=s.is_main)
     bar.update(state.step)
     with GracefulStop() as stop:
@@ -195,6 +196,8 @@ def fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
             if step % cfg.log_every == 0 or step == s.total_steps:
                 row = _log(s, task, tracker, state, (meter, ranks, out))
                 figure = {task.postfix: f"{row[task.postfix]:.3f}"} if task.postfix in row else {}
+                if "mfu" in row:
+                    figure["mfu"] = f"{row['mfu']:.1%}"
                 bar.set_postfix(loss=f"{out.loss:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}", **figure)
             _periodic(s, task, tracker, state, (meter, ranks, out), guard)
             bar.update(1)

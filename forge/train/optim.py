@@ -6,6 +6,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from forge.train.accel import has_fused_adamw
+
 
 # the recipe's `optim:` and `schedule:` blocks (forge.recipe.settings), read by attribute: the
 # training core does not import the recipe
@@ -18,6 +20,8 @@ class Optim(Protocol):
     def betas(self) -> tuple[float, float]: ...
     @property
     def eps(self) -> float: ...
+    @property
+    def fused(self) -> bool | None: ...   # None: fused on an accelerator, the per-tensor loop on CPU
 
 
 class Schedule(Protocol):
@@ -33,15 +37,25 @@ class Schedule(Protocol):
     def decay(self) -> str: ...           # wsd: linear, cosine, sqrt
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Optim) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norms and biases), as in GPT-3 / Llama training."""
+def build_optimizer(model: torch.nn.Module, cfg: Optim, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms and biases), as in GPT-3 / Llama training.
+    Fused (one kernel for every parameter) when `cfg.fused`, or by default on an accelerator; the
+    parameters must then already be on `device`, which torch checks when the optimizer is built."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    fused = cfg.fused if cfg.fused is not None else device.type != "cpu"
+    if fused and not has_fused_adamw(device):
+        if cfg.fused:
+            from forge.errors import ForgeError
+
+            raise ForgeError(f"optim.fused: true: torch has no fused AdamW for {device.type} devices; "
+                             "remove optim.fused")
+        fused = False  # the default on a device without the kernel: the per-tensor loop
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
 def lr_factor(step: int, total: int, cfg: Schedule) -> float:

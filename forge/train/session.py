@@ -16,6 +16,7 @@ from forge.train import fsdp
 from forge.train.accel import new_accelerator
 from forge.train.checkpoint import split_state
 from forge.train.checkpointer import Checkpointer, FinalSave
+from forge.train.compiled import compile_layers
 from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
@@ -32,6 +33,7 @@ class Place(Protocol):
     resume: bool          # continue from the newest resume point in out_dir/checkpoints
     run_id: str | None    # resume continues only checkpoints this run wrote
     parallelism: Any      # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
+    flops: Any            # forge.train.meter.Flops (model FLOPs per token, the chip's peak), or None
 
 
 @dataclass
@@ -152,8 +154,12 @@ def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | 
         model = wrap_lora(model, lora, where)
     if opts.activation_checkpointing:
         fsdp.checkpoint_activations(model)
+    if settings.compile:
+        compile_layers(model, where)
     model = plan.shard(model, opts, accelerator.device)  # before the optimizer: FSDP2 replaces the parameters
-    optimizer = build_optimizer(model, settings.optim)
+    if not plan.sharded:  # a fused optimizer is built on the parameters' device (accelerate moves them anyway)
+        model = model.to(accelerator.device)
+    optimizer = build_optimizer(model, settings.optim, accelerator.device)
     if settings.optim.carry_over and resume_from is None:
         saved = checkpoints.load_optimizer(place.checkpoint)
         if saved is None:
