@@ -182,6 +182,9 @@ def bare_update(base: Path, captured: list[list[dict]], clip_eps: float) -> floa
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with torch.no_grad():  # forge's policy has run the rollout's forward passes before its first step: so has this
+        b = captured[0][0]
+        model(input_ids=b["ids"], attention_mask=b["mask"], use_cache=False)
     start = time.perf_counter()
     for micro in captured:
         for b in micro:

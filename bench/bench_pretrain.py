@@ -1,11 +1,12 @@
 """forge's pretrain stage vs a bare PyTorch loop: same model, same packed data, same steps.
 
-    python bench/bench_pretrain.py [--steps 40] [--repeats 3]
+    python bench/bench_pretrain.py [--steps 40] [--repeats 3] [--quick]
 
 (a) forge: the full stage (mixing and packing on the fly, accelerate, grad clipping, LR schedule,
 metrics to a real MLflow SQLite store); (b) bare: forward, backward, optimizer step over blocks
 packed beforehand. Runs alternate a/b and the median of each is compared (the machine is noisy).
-Prints tokens/s of each and forge's overhead.
+Prints tokens/s of each and forge's overhead, then the side-by-side table (bench/benchlib.py).
+`--quick`: a 2-layer hidden-64 model, 4 steps, one run each, no MLflow store (CI).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from benchlib import machine_line, print_table, runs  # noqa: E402
 
 from forge.data.mixing import build_mixture  # noqa: E402
 from forge.inputs import resolve_source  # noqa: E402
@@ -26,7 +29,7 @@ from forge.recipe import DataSource, GeneratedText, PretrainStage, ScratchBase  
 from forge.scratch import build_scratch_base  # noqa: E402
 from forge.stages import pretrain  # noqa: E402
 from forge.stages.result import StageInputs  # noqa: E402
-from forge.track import MlflowTracker as Tracker  # noqa: E402
+from forge.track import MlflowTracker as Tracker, null_tracker  # noqa: E402
 
 
 def bare_loop(checkpoint: Path, blocks: list[torch.Tensor], lr: float) -> float:
@@ -54,12 +57,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="a 2-layer hidden-64 model, 4 steps, one run each (CI)")
     args = ap.parse_args()
+    if args.quick:
+        args.__dict__.update(steps=4, repeats=1, hidden=64, layers=2, seq_len=64, batch=4)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-"))
-    src = resolve_source("general", DataSource(generate=GeneratedText(kind="stories", documents=5000)), tmp)
+    stories = GeneratedText(kind="stories", documents=300 if args.quick else 5000)
+    src = resolve_source("general", DataSource(generate=stories), tmp)
     sources = {"general": src}
     base = build_scratch_base(ScratchBase(hidden_size=args.hidden, layers=args.layers, heads=4, vocab_size=2048,
                                           max_position=args.seq_len, tokenizer_sources=["general"]), [src], tmp / "base")
@@ -72,12 +79,15 @@ def main() -> None:
     mix = build_mixture(sources, {"general": 1.0}, tok, args.seq_len, "eos")
     blocks = [mix.next_batch(args.batch) for _ in range(args.steps)]  # the very blocks forge trains on
     tokens = args.steps * args.batch * args.seq_len
-    tracker = Tracker(f"sqlite:///{tmp / 'mlflow.db'}", "bench")
+    tracker = None if args.quick else Tracker(f"sqlite:///{tmp / 'mlflow.db'}", "bench")
 
     forge_s, bare_s = [], []
     for r in range(args.repeats):
-        with tracker.run(f"bench-{r}"):
-            result = pretrain.run(stage, StageInputs(base, sources, tmp / f"run{r}", tracker))
+        if args.quick:  # no MLflow store to create (its migrations take seconds)
+            result = pretrain.run(stage, StageInputs(base, sources, tmp / f"run{r}", null_tracker()))
+        else:
+            with tracker.run(f"bench-{r}"):
+                result = pretrain.run(stage, StageInputs(base, sources, tmp / f"run{r}", tracker))
         forge_s.append(result.metrics["train_seconds"])
         bare_s.append(bare_loop(base, blocks, 1e-3))
     f, b = tokens / statistics.median(forge_s), tokens / statistics.median(bare_s)
@@ -88,6 +98,9 @@ def main() -> None:
     print(f"{'bare':10}{b:12,.0f}{statistics.median(bare_s):10.2f}   " + ", ".join(f"{x:.2f}" for x in bare_s))
     print(f"{'forge':10}{f:12,.0f}{statistics.median(forge_s):10.2f}   " + ", ".join(f"{x:.2f}" for x in forge_s))
     print(f"forge / bare throughput: {f / b:.3f}  (overhead {100 * (1 - f / b):+.1f}%)")
+    print(machine_line())
+    print_table("bench_pretrain", ["tokens/s", "÷ bare", "runs (s)"],
+                [["bare loop (same blocks)", b, 1.0, runs(bare_s)], ["forge pretrain stage", f, f / b, runs(forge_s)]])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 order rotating each round), and the ratios. Then SFT data preparation (chat template, assistant masks) in records/s and tokens/s
 against the pretraining tokenize-and-pack path (bench_data.forge_pass).
 
-    python bench/bench_sft.py [--steps 30] [--batch 8] [--seq-len 512] [--repeats 3] [--prep-only]
+    python bench/bench_sft.py [--steps 30] [--batch 8] [--seq-len 512] [--repeats 3] [--prep-only] [--quick]
+
+`--quick` (CI): 2 steps of batch 2 at seq_len 128, one round, one preparation pass; the same table.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
+from benchlib import machine_line, print_table, runs as every_run  # noqa: E402
 from bench_data import DATA, TOKENIZER, forge_pass  # noqa: E402
 from forge.data.examples import sft_examples  # noqa: E402
 from forge.data.formats import FormatSpec, FormatStats  # noqa: E402
@@ -134,14 +137,14 @@ def bench_hf(tmp: Path, args) -> float:
     return counter.tokens / out.metrics["train_runtime"]
 
 
-def bench_prep(tmp: Path, seq_len: int) -> dict:
+def bench_prep(tmp: Path, seq_len: int, passes: int = 3) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     spec = FormatSpec("instruction", fields=FIELDS, too_long="truncate")
     src = resolve_source("qa", DataSource(path=str(DATA)), tmp)
     best_sft = best_pre = 0.0
-    for _ in range(3):
+    for _ in range(passes):
         stats = FormatStats()
         t0 = time.perf_counter()
         pack_best_fit(list(sft_examples(src.rows(), tok, spec, seq_len, "qa", stats)), seq_len, tok.eos_token_id)
@@ -162,13 +165,17 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prep-only", action="store_true", help="only the data preparation timing")
+    ap.add_argument("--quick", action="store_true", help="2 steps of batch 2 at seq_len 128, one round (CI)")
     args = ap.parse_args()
+    if args.quick:
+        args.__dict__.update(steps=2, batch=2, seq_len=128, repeats=1)
     for p in (DATA, TOKENIZER):
         if not p.exists():
             sys.exit(f"{p} is absent (../shared/data is needed for this benchmark)")
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-sft-"))
     if args.prep_only:
-        return print_prep(tmp, args.seq_len)
+        print_prep(tmp, args.seq_len, 1 if args.quick else 3)
+        return
     runs = {"forge (packed best-fit)": bench_forge, "bare loop (same packed batches)": bench_bare,
             "TRL SFTTrainer defaults": bench_trl, "HF Trainer (padded)": bench_hf}
     got: dict[str, list[float]] = {name: [] for name in runs}
@@ -183,13 +190,20 @@ def main() -> None:
     for name, v in tps.items():
         print(f"  {name:32s} {v:12,.0f} real tok/s   forge / this = {forge / v:.2f}x   (runs: "
               + ", ".join(f"{x:,.0f}" for x in got[name]) + ")")
-    print_prep(tmp, args.seq_len)
+    prep = print_prep(tmp, args.seq_len, 1 if args.quick else 3)
+    print(machine_line())
+    print_table("bench_sft", ["real tokens/s", "forge ÷ this", "runs (real tokens/s)"],
+                [[name, v, forge / v, every_run(got[name], "{:,.0f}")] for name, v in tps.items()]
+                + [["data prep: pretraining tokenize+pack ÷ SFT template+masks+packing, per token", "",
+                    prep["pretrain_over_sft_per_token"], ""]])
 
 
-def print_prep(tmp: Path, seq_len: int) -> None:
+def print_prep(tmp: Path, seq_len: int, passes: int) -> dict:
     print(f"SFT data preparation vs the pretraining tokenize-and-pack path (MedQuAD, seq_len {seq_len})")
-    for k, v in bench_prep(tmp, seq_len).items():
+    figures = bench_prep(tmp, seq_len, passes)
+    for k, v in figures.items():
         print(f"  {k:44s} {v}")
+    return figures
 
 
 if __name__ == "__main__":
