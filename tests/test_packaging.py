@@ -45,7 +45,7 @@ def test_dockerfile_installs_forge_with_forge_as_entrypoint():
 
 
 def test_benchmarks_import():
-    """Benchmarks are not run by the suite, but they must at least import what exists."""
+    """Every benchmark imports what exists (tests/test_bench_quick.py runs each one's --quick mode)."""
     import importlib.util
     import sys
 
