@@ -208,12 +208,22 @@ def _anchors(leave_one_out: bool) -> int:
     return 0 if all(h.within for h in rows) else 1
 
 
-def _say_launchable(plans) -> None:
-    """A plan on a stack forge's loop does not run says so, and names the stack forge launch runs."""
-    from forge.plan.launch.layout import forge_runs, launch_stack
+def _say_launchable(plans, catalog: dict) -> None:
+    """A plan on a stack forge's loop does not run says so, and names the stack forge launch runs; a
+    plan on a chip forge launch cannot start processes on (Trn1, an announced chip) says that instead."""
+    from forge.plan.launch.layout import engine_data, forge_runs, launch_stack
 
     for p in plans:
-        if p.stack and not forge_runs(p.stack):
+        if not p.stack or p.stack == "local":
+            continue
+        try:
+            chip = get_system(p.target, catalog).chip.key
+        except ForgeError:  # a system only a recipe's own hardware file defines
+            chip = ""
+        refused = (engine_data()["chips"].get(chip) or {}).get("unsupported")
+        if refused:
+            p.notes.append(f"forge launch does not run on {p.chip}: {refused}")
+        elif not forge_runs(p.stack):
             p.notes.append(f"forge does not run the {p.stack} stack; `forge launch` runs {launch_stack(p.stack)} "
                            f"(plan it with --stack {launch_stack(p.stack)})")
 
@@ -252,7 +262,7 @@ def run(args) -> int:
     else:
         raise ForgeError("forge plan needs a recipe, --model CONFIG, --anchors, --calibrate or --list-targets")
     _refuse_absurd(plans)
-    _say_launchable(plans)
+    _say_launchable(plans, catalog)
     if args.json:
         print(to_json(plans))
     else:

@@ -101,6 +101,7 @@ class Chip:
     matmul_efficiency: dict
     calibration: dict = field(default_factory=dict)
     estimated: tuple = ()      # fields the catalog marks `estimate` (no published figure)
+    cores: int = 1             # ranks one chip runs under tensor parallelism (NeuronCores: Trainium)
 
     def precisions(self) -> list[str]:
         return sorted(self.peak_tflops)
@@ -197,6 +198,7 @@ def _chip(key: str, raw: dict) -> Chip:
         matmul_efficiency=dict(raw.get("matmul_efficiency", {})),
         calibration=dict(raw.get("calibration") or {}),
         estimated=tuple(k for k, v in (raw.get("cite") or {}).items() if v == "estimate"),
+        cores=int(raw.get("cores", 1)),
     )
 
 

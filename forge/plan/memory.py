@@ -140,13 +140,17 @@ def memory_per_chip(
 ) -> Memory:
     """Peak memory on the fullest chip for training under `layout`."""
     shard = params_per_chip(pc, s.layers, layout.tp, layout.pp)
-    states = model_state_bytes(shard, precision, layout.zero, layout.dp)
+    # context-parallel ranks hold the same weights and reduce gradients with the data-parallel ones,
+    # so ZeRO shards over both (Megatron-Core's distributed optimizer uses the dp x cp group;
+    # torchtitan shards FSDP over dp_shard x cp)
+    ranks = layout.dp * max(1, layout.cp)
+    states = model_state_bytes(shard, precision, layout.zero, ranks)
     w, g, _ = STATE_BYTES[precision]
     buffers = 0.0
-    if layout.zero >= 3 and layout.dp > 1:
+    if layout.zero >= 3 and ranks > 1:
         # two gathered blocks (current + prefetched) and one block of unsharded gradients
         buffers = pc.per_layer / layout.tp * (2 * w + g)
-    frozen = frozen_copies * shard * w / (layout.dp if layout.zero >= 3 else 1)
+    frozen = frozen_copies * shard * w / (ranks if layout.zero >= 3 else 1)
     acts = activation_bytes(s, layout, seq_len, flash, act_bytes_for(precision))
     total = states["total"] + acts + buffers + frozen
     return Memory(states["weights"], states["grads"], states["optimizer"], acts, buffers, frozen, total)

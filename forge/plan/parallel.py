@@ -72,6 +72,25 @@ def ring_allgather_time(n_bytes: float, p: int, alpha: float, beta: float) -> fl
 ring_reduce_scatter_time = ring_allgather_time
 
 
+def group_allgather_time(n_bytes: float, g: int, stride: int, system: System) -> float:
+    """All-gather (or reduce-scatter) of an n-byte result over the g data-parallel ranks, `stride`
+    chips apart (the tensor-parallel ranks sit between them). Inside one scale-up domain: a ring on
+    its fabric. Past it, hierarchically: the k members a domain holds split the buffer, each moves
+    its n/k slice over its own share of the network with its counterparts in the other domains,
+    then the domain gathers over its fabric (hierarchical all-reduce, Jia et al. 2018,
+    arXiv:1807.11205; NCCL runs one ring per NIC, so a node's members cross it side by side). With
+    one member per domain (tensor parallel filling it) this is the flat ring."""
+    if g <= 1 or n_bytes <= 0:
+        return 0.0
+    span = g * stride
+    if span <= system.scale_up_chips:
+        return ring_allgather_time(n_bytes, g, system.hop_latency(span), system.ring_bandwidth(span))
+    k = max(1, min(g, system.scale_up_chips // max(1, stride)))
+    inter = ring_allgather_time(n_bytes / k, math.ceil(g / k), system.hop_latency(span), system.ring_bandwidth(span))
+    local = k * stride
+    return inter + ring_allgather_time(n_bytes, k, system.hop_latency(local), system.ring_bandwidth(local))
+
+
 def p2p_time(n_bytes: float, alpha: float, beta: float) -> float:
     return alpha + n_bytes / beta if n_bytes > 0 else 0.0
 
@@ -116,6 +135,9 @@ class Work:
     hw_flops: float
     attn_flops: float = 0.0
     act_bytes: int = 2
+    kv_flops: float = 0.0      # of hw_flops: the K and V projections (replicated when TP ranks > KV heads)
+    elementwise_bytes: float = 0.0  # HBM traffic of one pass of the elementwise kernels (norms, residuals,
+                                    # RoPE, MLP activation, loss) over the sequence, all blocks
 
 
 @dataclass(frozen=True)
@@ -144,29 +166,35 @@ def step_time(
 ) -> StepTime:
     """Time of one optimizer step under `layout`: `work` per sequence, `shard` the weights and
     gradients the data-parallel collectives move and the update's time, `rates` what the chip
-    achieves. The stack's non-matmul time is a fraction of the work at the 16-bit GEMM rate
-    (rates.wide), because elementwise kernels do not speed up with FP8 matmuls.
+    achieves. The stack's non-matmul time is memory bound: its elementwise passes over the
+    activations at the chip's HBM bandwidth (so it does not speed up with FP8 matmuls, and its
+    share of the step falls as the hidden size grows: bytes grow with h, matmul FLOPs with h^2).
     """
     t, p, d, m, b = layout.tp, layout.pp, layout.dp, layout.microbatches, layout.micro_batch
     c, v = layout.cp, max(1, layout.vp)
     split = t * c * p                      # one micro-batch's work is split over tp*cp*pp chips
     attn_rate = rates.attn or rates.gemm
-    gemm_s = (work.hw_flops - work.attn_flops) * b / split / rates.gemm
+    # more tensor-parallel ranks than KV heads: each rank computes a whole KV head, so the K and V
+    # projections run ranks/kv_heads times (NxD GQAQKVColumnParallelLinear, kv_size_multiplier)
+    ranks = t * system.chip.cores if t > 1 else 1
+    kv_extra = work.kv_flops * (ranks / spec.kv_heads - 1) if ranks > spec.kv_heads else 0.0
+    gemm_s = (work.hw_flops - work.attn_flops + kv_extra) * b / split / rates.gemm
     attn_s = work.attn_flops * b / split / attn_rate
-    # the stack's non-matmul kernels scale with the matmul work; selective recomputation (of the
-    # elementwise ops, flash attention keeping no scores) repeats their forward third
-    non_matmul = stack.non_matmul_overhead * (4 / 3 if layout.recompute == "selective" else 1.0)
-    wide_s = work.hw_flops * b / split / (rates.wide or rates.gemm)
-    tau_compute = gemm_s + attn_s + non_matmul * wide_s
+    # the stack's elementwise kernels read and write the activations `elementwise_passes` times
+    # (1: fused forward and backward kernels; eager PyTorch runs every op as its own kernel)
+    hbm = system.chip.hbm_tbps * 1e12 * system.memory_bandwidth_efficiency
+    elementwise_s = stack.elementwise_passes * work.elementwise_bytes * b / split / hbm
+    tau_compute = gemm_s + attn_s + elementwise_s
     blocks = math.ceil(spec.layers / p)
     tau_tp = 0.0
     if t > 1:
         # Megatron-LM with sequence parallel: per block 2 all-gathers + 2 reduce-scatters of the
         # s*b*h activation forward, as many backward (Korthikanti et al. 2022, Sec. 4.2.2);
-        # full recomputation repeats the forward ones. The stack hides tp_overlap of it.
+        # full recomputation repeats the forward ones. The stack hides tp_overlap of it. The ring
+        # has a member per rank (each NeuronCore of a Trainium is one): a hop's latency per rank.
         per_layer = 8 + (4 if layout.recompute == "full" else 0)
         n = work.seq_len / c * b * spec.hidden * work.act_bytes
-        coll = ring_allgather_time(n, t, system.hop_latency(t), system.ring_bandwidth(t))
+        coll = ring_allgather_time(n, ranks, system.hop_latency(t), system.ring_bandwidth(t))
         tau_tp = blocks * per_layer * coll * (1 - stack.tp_overlap)
     tau_cp = 0.0
     if c > 1:
@@ -192,23 +220,24 @@ def step_time(
     dp_comm = 0.0
     g = d * c                              # gradients are reduced over data and context ranks
     if g > 1:
-        span = t * c * d                   # tp innermost, then cp, then dp
-        alpha, beta = system.hop_latency(span), system.ring_bandwidth(span)
+        # tp innermost, then cp, then dp: the data-parallel ranks are t chips apart
+        def gather(n: float) -> float:
+            return group_allgather_time(n, g, t, system)
+
         window = stack.dp_overlap * tau_compute
         if layout.zero == 3:
             # FSDP / ZeRO-3: all-gather weights for forward and again for backward, reduce-scatter
             # gradients, every micro-batch; prefetch overlaps them with that micro-batch's compute.
-            per_mb = 2 * ring_allgather_time(shard.param_bytes, g, alpha, beta) + ring_reduce_scatter_time(
-                shard.grad_bytes, g, alpha, beta)
+            per_mb = 2 * gather(shard.param_bytes) + gather(shard.grad_bytes)
             dp_comm = m * max(0.0, per_mb - window)
         elif layout.zero in (1, 2):
             # ZeRO-1/2 (distributed optimizer): gradient reduce-scatter under the last backward (2/3
             # of a micro-batch), updated-parameter all-gather under the next forward (1/3)
-            rs = ring_reduce_scatter_time(shard.grad_bytes, g, alpha, beta)
-            ag = ring_allgather_time(shard.param_bytes, g, alpha, beta)
+            rs, ag = gather(shard.grad_bytes), gather(shard.param_bytes)
             dp_comm = max(0.0, rs - 2 / 3 * window) + max(0.0, ag - 1 / 3 * window)
         else:
-            # DDP: one all-reduce, bucketed under the backward of the last micro-batch (2/3 of it)
-            dp_comm = max(0.0, ring_allreduce_time(shard.grad_bytes, g, alpha, beta) - 2 / 3 * window)
+            # DDP: one all-reduce (reduce-scatter + all-gather), bucketed under the backward of the
+            # last micro-batch (2/3 of it)
+            dp_comm = max(0.0, 2 * gather(shard.grad_bytes) - 2 / 3 * window)
     total = compute + tp_comm + cp_comm + bubble + pp_comm + dp_comm + shard.optimizer_s + rates.overhead_s
     return StepTime(compute, tp_comm, bubble, pp_comm, dp_comm, total, rates.overhead_s, cp_comm, shard.optimizer_s)

@@ -81,6 +81,27 @@ def attn_flops_per_seq(ctx: Context, recompute: str) -> float:
     return core * (passes + wl.frozen_forwards) * wl.seq_len
 
 
+def kv_flops_per_seq(ctx: Context, recompute: str) -> float:
+    """The K and V projection part of hw_flops_per_seq (forward 2 x 2*h*kv_dim a token a block; the
+    passes of training, full recomputation and the frozen forwards)."""
+    s, wl = ctx.spec, ctx.workload
+    passes = 3 + (1 if recompute == "full" else 0) + wl.frozen_forwards
+    return s.layers * 4 * s.hidden * s.kv_dim * passes * wl.seq_len
+
+
+def elementwise_bytes_per_seq(ctx: Context, recompute: str) -> float:
+    """HBM bytes one pass of a block's elementwise kernels moves over a sequence, all blocks and the
+    loss: forward reads and writes 2 RMSNorms (4h), 2 residual adds (6h), RoPE on q and k
+    (2(q + kv)), the MLP activation (3f gated, 2f GELU; per routed expert); backward about twice
+    that; the loss reads the logits and writes their gradient (3V). Recomputation repeats the
+    forward (a third), as do the frozen forwards."""
+    s, wl = ctx.spec, ctx.workload
+    mlp = (3 if s.gated_mlp else 2) * s.ffn * (s.top_k if s.is_moe else 1)
+    forward = 10 * s.hidden + 2 * (s.q_dim + s.kv_dim) + mlp
+    passes = 3 + (1 if recompute != "none" else 0) + wl.frozen_forwards
+    return (s.layers * forward * passes + 3 * s.vocab) * wl.seq_len * act_bytes_for(ctx.precision)
+
+
 def optimizer_seconds(ctx: Context, layout: Layout) -> float:
     """The Adam update, memory bound: ADAM_BYTES_PER_PARAM per parameter this chip updates (its
     tp*pp shard, divided over dp*cp with ZeRO). Part of the calibrated rate on the local target."""
@@ -176,7 +197,8 @@ def evaluate(ctx: Context, layout: Layout) -> Evaluated | None:
     w, g, _ = STATE_BYTES[ctx.precision]
     kw = {} if ctx.stack is None else {"stack": ctx.stack}
     work = Work(ctx.workload.seq_len, hw_flops_per_seq(ctx, layout.recompute),
-                attn_flops_per_seq(ctx, layout.recompute), act_bytes_for(ctx.precision))
+                attn_flops_per_seq(ctx, layout.recompute), act_bytes_for(ctx.precision),
+                kv_flops_per_seq(ctx, layout.recompute), elementwise_bytes_per_seq(ctx, layout.recompute))
     shard = Shard(params * w, params * g, optimizer_seconds(ctx, layout))
     rates = Rates(ctx.sustained, ctx.attn_rate, ctx.wide_rate, ctx.overhead_s)
     st = step_time(ctx.spec, ctx.system, layout, work, shard, rates, **kw)

@@ -23,7 +23,7 @@ FAST = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with 
 class Stack:
     key: str
     name: str
-    non_matmul_overhead: float
+    elementwise_passes: float
     attention_efficiency: float
     tp_overlap: float
     dp_overlap: float
@@ -59,7 +59,7 @@ def get_stack(name: str) -> Stack:
     raw = stacks[key]
     return Stack(
         key=key, name=str(raw.get("name", key)),
-        non_matmul_overhead=float(raw["non_matmul_overhead"]),
+        elementwise_passes=float(raw["elementwise_passes"]),
         attention_efficiency=float(raw["attention_efficiency"]),
         tp_overlap=float(raw["tp_overlap"]), dp_overlap=float(raw["dp_overlap"]),
         cp_overlap=float(raw["cp_overlap"]), interleaved_pp=bool(raw["interleaved_pp"]),

@@ -5,6 +5,7 @@ import json
 import shlex
 
 import pytest
+import yaml
 
 from forge.cli import main
 from forge.plan.launch.layout import engine_data
@@ -131,8 +132,16 @@ def test_slurm_and_kubernetes_refuse_this_machine(recipe, tmp_path, capsys):
 
 
 def test_the_recipe_strategy_is_kept_and_the_stack_forge_runs_is_named(recipe, tmp_path):
-    code, record = launch(recipe, tmp_path, "torchrun", "trn2")
+    code, record = launch(recipe, tmp_path / "a", "torchrun", "trn2")
+    # trn2's default stack is the one forge launch runs: no substitution to report
     assert code == 0 and record["stack"] == "torchneuron" and record["backend"] == "neuron"
+    assert not any("forge does not run" in n for n in record["notes"])
+    asked = yaml.safe_load(recipe.read_text())
+    asked.setdefault("compute", {})["stack"] = "neuron"
+    nxd = recipe.with_name("nxd.yaml")
+    nxd.write_text(yaml.safe_dump(asked))
+    code, record = launch(nxd, tmp_path / "b", "torchrun", "trn2")
+    assert code == 0 and record["stack"] == "torchneuron"
     assert any("forge does not run the neuron stack" in n for n in record["notes"])
 
 

@@ -150,4 +150,5 @@ def test_stack_choice_changes_the_plan_and_is_recorded():
     mega = plan_stage(cfg, wl, "h100", Goal(chips=8), Setup(stack="megatron"))
     assert fsdp.stack == "fsdp" and mega.stack == "megatron"
     assert mega.step_time_s < fsdp.step_time_s                     # fused kernels, less non-matmul time
-    assert "zero3" in fsdp.layout and "zero3" not in mega.layout   # each stack's ZeRO options
+    nxd = plan_stage(cfg, wl, "h100", Goal(chips=8), Setup(stack="neuron"))
+    assert "zero3" in fsdp.layout and "zero3" not in nxd.layout    # each stack's ZeRO options (NxD: 0, 1)

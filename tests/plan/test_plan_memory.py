@@ -130,3 +130,32 @@ def test_more_tensor_parallel_means_more_exposed_communication():
     t8 = step_time(spec, system, Layout(tp=8), Work(4096, 1e15), Shard(1e9, 1e9), Rates(1e14))
     assert 0 < t2.tp_comm and math.isfinite(t8.tp_comm)
     assert t8.compute < t2.compute
+
+
+def test_data_parallel_rings_past_a_node_cross_it_once_per_member_and_cp_ranks_share_zero():
+    from forge.plan.parallel import group_allgather_time
+    trn1 = get_system("trn1")
+    n, up, out = 1e9, trn1.ring_bandwidth(16), trn1.ring_bandwidth(64)
+    # tensor parallel filling the node: one member a node, the flat ring over the network
+    assert group_allgather_time(n, 4, 16, trn1) == pytest.approx(ring_allgather_time(n, 4, trn1.hop_latency(64), out))
+    # TP=4: four members a node each move a quarter over their own share of the NIC, then gather locally
+    four = group_allgather_time(n, 64, 4, trn1)
+    assert four == pytest.approx(ring_allgather_time(n / 4, 16, trn1.hop_latency(256), out)
+                                 + ring_allgather_time(n, 4, trn1.hop_latency(16), up))
+    assert four < ring_allgather_time(n, 64, trn1.hop_latency(256), out) / 3
+    spec = spec_from_config(load_model_config("llama-3.1-8b"))
+    pc = count_parameters(spec)
+    flat = memory_per_chip(spec, pc, Layout(dp=2, zero=1), 8192)
+    cp = memory_per_chip(spec, pc, Layout(dp=2, zero=1, cp=2), 8192)
+    assert cp.optimizer == pytest.approx(flat.optimizer / 2)     # ZeRO shards over dp x cp
+
+
+def test_kv_projections_replicate_when_tensor_ranks_outnumber_kv_heads():
+    spec = spec_from_config(load_model_config("llama-3.1-8b"))   # 8 KV heads
+    trn1 = get_system("trn1")                                    # 2 NeuronCores a chip
+    work = Work(8192, 1e15, 0.0, 2, kv_flops=1e14)
+    shard, rates = Shard(1e9, 1e9), Rates(1e14)
+    at4 = step_time(spec, trn1, Layout(tp=4, dp=1), work, shard, rates).compute     # 8 ranks: none
+    at16 = step_time(spec, trn1, Layout(tp=16, dp=1), work, shard, rates).compute   # 32 ranks: 4x K/V
+    assert at4 * 4 == pytest.approx(1e15 / 1e14)
+    assert at16 * 16 == pytest.approx((1e15 + 3 * 1e14) / 1e14)
