@@ -23,7 +23,7 @@ class Loss:
 
 def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token loss over full packed blocks: every position but the last predicts one token."""
-    loss: torch.Tensor = model(input_ids=batch, labels=batch).loss
+    loss: torch.Tensor = model(input_ids=batch, labels=batch, use_cache=False).loss  # a training step reads no cache
     return loss
 
 
