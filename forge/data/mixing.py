@@ -4,27 +4,32 @@ Documents are tokenized in batches, joined with a separator (EOS after, or BOS b
 document) and cut into `seq_len` blocks with no padding. Each piece of a block comes from the
 source whose share of tokens so far lags its weight the most (a deficit rule, deterministic), so
 every source's share of trained tokens matches its weight to within one piece over a run. A source
-that runs out starts again from its first document and its repeat count goes up. The loader's
-position in every source is a small state dict, saved with checkpoints, so a resumed run sees the
-same tokens an uninterrupted one would.
+that runs out starts again from its first document and its repeat count goes up. The blocks are
+laid out from the documents' lengths and cut from their ids afterwards (forge.data.blocks):
+`build_mixture` plans them as they are drawn; `launch_mixture` reads the blocks a training launch
+planned once, each rank cutting only its own. The loader's position is the number of blocks drawn,
+saved with checkpoints, so a resumed run sees the same tokens an uninterrupted one would.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
-from collections import deque
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
+from forge.data.blocks import (ENCODE_BATCH, WINDOW_TOKENS, CachedDocs, EncodedDocs, Layout, Planner, Ranks,
+                               Stream, cut, prepare, spans, write_layout)
 from forge.data.sources import Source
-from forge.data.tokencache import WINDOW_CHARS, Encoder, token_cache, worth_caching
+from forge.data.tokencache import WINDOW_CHARS, Encoder, token_cache, tokenizer_digest, worth_caching
 from forge.errors import ForgeError
 
-ENCODE_BATCH = 512
-WINDOW_CHARS = WINDOW_CHARS  # a longer document is encoded a window at a time: memory follows the window
-WINDOW_TOKENS = WINDOW_CHARS // 4  # a cached document longer than this is read a slice at a time
+WINDOW_CHARS = WINDOW_CHARS  # a longer text is encoded a window at a time: memory follows the window
+LAYOUT_VERSION = 1  # part of a prepared layout's key: a forge that lays blocks out otherwise plans anew
 
 
 def in_holdout(source: str, record: int, fraction: float) -> bool:
@@ -35,199 +40,120 @@ def in_holdout(source: str, record: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
-class TokenStream:
-    """One source's documents, as token ids, for one split; optionally repeating forever. A source
-    with a `token_dir` is encoded once, by its `workers` (forge.data.tokencache), and read from there."""
+class Split:
+    """The documents of a source a stream reads: its held-out ones (eval) or the others (train)."""
 
-    def __init__(self, source: Source, tokenizer, separator: str, split: str, repeat: bool,
-                 max_repeats: int | None = None):
-        self.source, self.tokenizer, self.repeat, self.max_repeats = source, tokenizer, repeat, max_repeats
-        self.split = split
-        sep_id = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
-        if sep_id is None:
-            raise ForgeError(f"the tokenizer has no {separator.upper()} token; set the stage's separator to the other one")
-        self.sep_id, self.sep_after = sep_id, separator == "eos"
-        self.epoch, self.repeats, self.exhausted = 0, 0, False
-        self._records: Iterator[tuple[int, str | np.ndarray]] = iter(())
-        self._queue: deque[tuple[int, list[int] | str | np.ndarray]] = deque()
-        self._cur: list[int] = []     # the tokens of the current document (or of its current window)
-        self._pos = 0                  # position in _cur
-        self._rest: Iterator[list[int]] | None = None  # a long document's windows still to encode
-        self._cur_record, self._offset = 0, 0          # the document, and the tokens taken from it
-        self._seen_in_epoch = 0
-        self._enc = Encoder(tokenizer, WINDOW_CHARS)
-        self._cutter = self._enc.cutter
-        self._cache = None
-        if worth_caching(source):
-            self._cache = token_cache(source, tokenizer, Path(source.token_dir), source.workers)
-        self._open()
+    def __init__(self, name: str, source: Source):
+        self.name, self.key, self.fraction = name, source.name, source.holdout
 
-    def _open(self) -> None:
-        self._records = self._cache.docs() if self._cache is not None else iter(self.source.records())
-        self._seen_in_epoch = 0
+    def keep(self, record: int) -> bool:
+        held = in_holdout(self.key, record, self.fraction)
+        return held if self.name == "eval" else not held
 
-    def _wanted(self, record: int) -> bool:
-        held = in_holdout(self.source.name, record, self.source.holdout)
-        return held if self.split == "eval" else not held
-
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        ids = self._enc.ids(texts)
-        if self.sep_after:
-            return [x + [self.sep_id] for x in ids]
-        return [[self.sep_id] + x for x in ids]
-
-    def _long(self, doc: str | np.ndarray) -> bool:
-        return len(doc) > WINDOW_TOKENS if isinstance(doc, np.ndarray) else self._enc.long(doc)
-
-    def _windows(self, doc: str | np.ndarray) -> Iterator[list[int]]:
-        """A long document's tokens, window by window (its text encoded a window at a time, or its
-        cached ids taken a slice at a time), with the separator."""
-        if not self.sep_after:
-            yield [self.sep_id]
-        if isinstance(doc, np.ndarray):
-            for i in range(0, len(doc), WINDOW_TOKENS):
-                yield doc[i:i + WINDOW_TOKENS].tolist()
+    def mask(self, records: np.ndarray) -> np.ndarray:
+        if self.fraction <= 0:  # nothing is held out (in_holdout is False for every record)
+            held = np.zeros(len(records), bool)
         else:
-            yield from self._enc.windows(doc)
-        if self.sep_after:
-            yield [self.sep_id]
+            held = np.fromiter((in_holdout(self.key, r, self.fraction) for r in records.tolist()), bool, len(records))
+        return held if self.name == "eval" else ~held
 
-    def _ready(self, docs: list[str | np.ndarray]) -> list:
-        """Short documents as their ids with the separator (cached ones stay numpy: a block converts
-        only its pieces); a long one stays as it is (cached ids in a 1-tuple) until it is read."""
-        texts = iter(self._encode([d for d in docs if isinstance(d, str) and not self._long(d)]))
-        sep = np.array([self.sep_id], dtype=np.int64)
-        return [(d,) if isinstance(d, np.ndarray) and self._long(d) else d if isinstance(d, str) and self._long(d)
-                else np.concatenate((d, sep) if self.sep_after else (sep, d)) if isinstance(d, np.ndarray)
-                else next(texts) for d in docs]
 
-    def _fill(self) -> bool:
-        """Queue the next batch of encoded documents; False when the source has none left."""
-        while not self._queue:
-            batch: list[tuple[int, str]] = []
-            for record, text in self._records:
-                if self._wanted(record) and len(text):
-                    batch.append((record, text))
-                    if len(batch) == ENCODE_BATCH:
-                        break
-            if batch:
-                self._seen_in_epoch += len(batch)
-                self._queue.extend(zip((r for r, _ in batch), self._ready([t for _, t in batch])))
-                return True
-            if self._seen_in_epoch == 0 and self.split == "train":
-                raise ForgeError(f"data source {self.source.name!r} has no {self.split} documents")
-            if not self.repeat or (self.max_repeats is not None and self.repeats >= self.max_repeats):
-                self.exhausted = True
-                return False
-            self.epoch += 1
-            self.repeats += 1
-            self._open()
-        return True
+@dataclass(frozen=True)
+class Mix:
+    """A mixture: token-share weights per source, the block length and separator, and what a source
+    that runs out does (repeat up to `max_repeats`, then `on_exhausted`: fail or rebalance)."""
 
-    def take(self, n: int) -> list[int] | np.ndarray:
-        """Up to `n` tokens from the current document (starting the next one when needed)."""
-        while self._pos >= len(self._cur):
-            window = next(self._rest, None) if self._rest is not None else None
-            if window is not None:
-                self._cur, self._pos = window, 0
-                continue
-            if not self._fill():
-                return []
-            self._cur_record, doc = self._queue.popleft()
-            self._offset, self._pos = 0, 0
-            if isinstance(doc, (list, np.ndarray)):  # ready: its ids with the separator
-                self._cur, self._rest = doc, None
-            else:  # a long document: its windows, one at a time
-                self._cur, self._rest = [], self._windows(doc[0] if isinstance(doc, tuple) else doc)
-        piece = self._cur[self._pos:self._pos + n]
-        self._pos += len(piece)
-        self._offset += len(piece)
-        return piece
-
-    @property
-    def record(self) -> int:
-        """The record number of the document the last piece came from."""
-        return self._cur_record
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "repeats": self.repeats, "record": self._cur_record,
-                "offset": self._offset, "exhausted": self.exhausted}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Re-read the source up to the saved document and position inside it."""
-        self.epoch, self.repeats, self.exhausted = state["epoch"], state["repeats"], state["exhausted"]
-        self._queue.clear()
-        self._open()
-        self._cur, self._pos, self._rest, self._offset, self._cur_record = [], 0, None, 0, 0
-        if state["record"] == 0:
-            return
-        for record, text in self._records:
-            if record == state["record"]:
-                self._seen_in_epoch = 1
-                self._cur_record, self._offset = record, state["offset"]
-                self._rest = self._windows(text) if self._long(text) else iter(self._ready([text]))
-                skip = state["offset"]
-                while (window := next(self._rest, None)) is not None:
-                    if skip < len(window):
-                        self._cur, self._pos = window, skip
-                        break
-                    skip -= len(window)
-                return
-        raise ForgeError(f"data source {self.source.name!r} changed since the checkpoint: record {state['record']} is gone")
+    weights: dict[str, float]
+    seq_len: int
+    separator: str
+    max_repeats: int | None = None
+    on_exhausted: str = "fail"
 
 
 class MixedBlocks:
-    """Packed `seq_len` blocks drawn from several token streams by token-share weights."""
+    """Packed `seq_len` blocks drawn from several sources by token-share weights: planned as they are
+    drawn (a Planner), or read from a launch's prepared Layout. `taken` and `repeats()` count every
+    rank's blocks; `handed` names the records of this rank's."""
 
-    def __init__(self, streams: dict[str, TokenStream], weights: dict[str, float], seq_len: int,
-                 on_exhausted: str = "fail"):
-        total = sum(weights.values())
-        self.streams, self.seq_len, self.on_exhausted = streams, seq_len, on_exhausted
-        self.weights = {k: v / total for k, v in weights.items()}
-        self.taken = {k: 0 for k in streams}
-        self.rebalanced: list[str] = []  # sources dropped past max_repeats, in order
-        self.spans: list[tuple[str, int]] = []   # (source, record number) of each piece of the last block
+    def __init__(self, plan: Planner | Layout, docs: list, seq_len: int, sep: tuple[int, bool]):
+        self.plan, self.docs, self.seq_len, self.sep = plan, docs, seq_len, sep
+        self.names = plan.names if isinstance(plan, Layout) else [s.name for s in plan.streams]
+        self.position = 0  # blocks drawn so far, every rank's
+        self.read = 0      # blocks this process cut (its own share of a launch)
+        self.spans: list[tuple[str, int]] = []   # (source, record number) of each piece of the last block cut
         self.handed: list[tuple[str, int]] = []  # the same for this rank's blocks since take_records()
+
+    @property
+    def streams(self) -> dict[str, Stream]:
+        """The sources' streams of a mixture planned as it is drawn."""
+        return {s.name: s for s in self.plan.streams} if isinstance(self.plan, Planner) else {}
+
+    @property
+    def taken(self) -> dict[str, int]:
+        """Tokens taken from each source by the blocks drawn so far."""
+        if isinstance(self.plan, Layout):
+            return self.plan.taken(self.position)
+        return dict(zip(self.names, self.plan.taken))
+
+    @property
+    def rebalanced(self) -> list[str]:
+        """Sources dropped past max_repeats, in order."""
+        if isinstance(self.plan, Layout):
+            return self.plan.rebalanced(self.position)
+        return [name for _, name in self.plan.rebalanced]
+
+    def _cut(self, pieces: list) -> np.ndarray:
+        self.spans = spans(pieces, self.names)
+        self.read += 1
+        return cut(pieces, self.docs, self.seq_len, self.sep)
+
+    def _planned(self) -> list | None:
+        """The next block's pieces (None when the data cannot fill it); the position moves on."""
+        if isinstance(self.plan, Layout):
+            if self.position >= self.plan.blocks:
+                raise ForgeError(f"the stage drew more than the {self.plan.blocks} blocks its launch prepared")
+            pieces = self.plan.block(self.position)
+        else:
+            pieces = self.plan.block()
+        self.position += 1
+        return pieces
+
+    def _release(self) -> None:
+        if isinstance(self.plan, Planner):
+            for stream in self.plan.streams:
+                stream.release()
 
     def next_block(self) -> list[int] | None:
         """One full block, or None when non-repeating streams cannot fill another."""
-        block: list[int] = []
-        self.spans = []
-        active = [k for k in self.streams if not self.streams[k].exhausted]
-        while len(block) < self.seq_len and active:
-            # deficit among the sources still drawing: once one is dropped (rebalance) the others
-            # share its weight in proportion to their own
-            seen = sum(self.taken[k] for k in active)
-            total = sum(self.weights[k] for k in active)
-            name = max(active, key=lambda k: self.weights[k] / total * seen - self.taken[k])
-            stream = self.streams[name]
-            piece = stream.take(self.seq_len - len(block))
-            if not len(piece):
-                if stream.repeat and self.on_exhausted == "fail":
-                    raise ForgeError(
-                        f"data source {name!r} ran out after {stream.repeats} repeat(s) (max_repeats "
-                        f"{stream.max_repeats}); raise max_repeats, add data, or set on_exhausted: rebalance")
-                if stream.repeat:  # rebalance: the others share its weight from here on
-                    self.rebalanced.append(name)
-                active.remove(name)
-                continue
-            block += piece.tolist() if isinstance(piece, np.ndarray) else piece
-            self.taken[name] += len(piece)
-            if (name, stream.record) not in self.spans[-1:]:
-                self.spans.append((name, stream.record))
-        return block if len(block) == self.seq_len else None
+        pieces = self._planned()
+        if pieces is None:
+            return None
+        block = self._cut(pieces).tolist()
+        self._release()
+        return block
 
     def next_batch(self, batch_size: int, rank: int = 0, world: int = 1) -> torch.Tensor:
-        """This rank's `batch_size` blocks out of the next `batch_size * world` (same stream on every rank)."""
+        """This rank's `batch_size` blocks out of the next `batch_size * world`: only they are cut (a
+        prepared layout reads only their pieces)."""
+        mine = range(rank * batch_size, (rank + 1) * batch_size)
         blocks = []
-        for i in range(batch_size * world):
-            block = self.next_block()
-            if block is None:
-                raise ForgeError("the data ran out before the stage's token budget was met")
-            blocks.append(block)
-            if i // batch_size == rank:
+        if isinstance(self.plan, Layout):
+            if self.position + batch_size * world > self.plan.blocks:
+                raise ForgeError(f"the stage drew more than the {self.plan.blocks} blocks its launch prepared")
+            for i in mine:
+                blocks.append(self._cut(self.plan.block(self.position + i)))
                 self.handed += self.spans
-        return torch.tensor(blocks[rank * batch_size:(rank + 1) * batch_size], dtype=torch.long)
+            self.position += batch_size * world
+        else:
+            for i in range(batch_size * world):
+                pieces = self._planned()
+                if pieces is None:
+                    raise ForgeError("the data ran out before the stage's token budget was met")
+                if i in mine:
+                    blocks.append(self._cut(pieces))
+                    self.handed += self.spans
+                self._release()
+        return torch.from_numpy(np.stack(blocks))
 
     def take_records(self) -> list[tuple[str, int]]:
         """The (source, record number) of this rank's blocks handed out since the last call."""
@@ -235,40 +161,79 @@ class MixedBlocks:
         return out
 
     def shares(self) -> dict[str, float]:
-        seen = sum(self.taken.values()) or 1
-        return {k: v / seen for k, v in self.taken.items()}
+        taken = self.taken
+        seen = sum(taken.values()) or 1
+        return {k: v / seen for k, v in taken.items()}
 
     def repeats(self) -> dict[str, int]:
-        return {k: s.repeats for k, s in self.streams.items()}
+        if isinstance(self.plan, Layout):
+            return self.plan.repeats(self.position)
+        return {s.name: s.repeats for s in self.plan.streams}
 
     def state_dict(self) -> dict:
-        return {"taken": dict(self.taken), "rebalanced": list(self.rebalanced),
-                "streams": {k: s.state_dict() for k, s in self.streams.items()}}
+        """The position (blocks drawn, every rank's), and for readers each source's tokens and repeats."""
+        taken, repeats = self.taken, self.repeats()
+        return {"block": self.position, "streams": {k: {"taken": taken[k], "repeats": repeats[k]} for k in taken}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.taken, self.rebalanced = dict(state["taken"]), list(state["rebalanced"])
-        for k, s in self.streams.items():
-            s.load_state_dict(state["streams"][k])
+        """Continue after the saved number of blocks (a mixture planned as drawn plans them again)."""
+        if "block" not in state:
+            raise ForgeError("the checkpoint's data position was written by an earlier forge (a position in each "
+                             "source); this forge resumes from a block count: start the stage over (forge run --restart)")
+        target = int(state["block"])
+        if isinstance(self.plan, Layout):
+            if target > self.plan.blocks:
+                raise ForgeError(f"the checkpoint is {target} blocks in, past the {self.plan.blocks} this launch prepared")
+            self.position = target
+            return
+        if target < self.position:
+            raise ValueError("load_state_dict needs a mixture that has not drawn past the saved position")
+        while self.position < target:
+            if self._planned() is None:
+                raise ForgeError(f"the data changed since the checkpoint: it ends before block {target}")
+            self._release()
 
 
-def _mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int, separator: str,
-             split: str, repeats: tuple[int | None, str] = (None, "fail")) -> MixedBlocks:
+def _sep(tokenizer, separator: str) -> tuple[int, bool]:
+    sep_id = tokenizer.eos_token_id if separator == "eos" else tokenizer.bos_token_id
+    if sep_id is None:
+        raise ForgeError(f"the tokenizer has no {separator.upper()} token; set the stage's separator to the other one")
+    return sep_id, separator == "eos"
+
+
+def _docs(source: Source, tokenizer, sink=None) -> CachedDocs | EncodedDocs:
+    """A source with a `token_dir` is encoded once, by its `workers` (forge.data.tokencache), and read
+    from there; another is encoded as it is read."""
+    if worth_caching(source):
+        return CachedDocs(token_cache(source, tokenizer, Path(source.token_dir), source.workers).folder)
+    return EncodedDocs(source, Encoder(tokenizer, WINDOW_CHARS), sink)
+
+
+def _planner(docs: dict[str, CachedDocs | EncodedDocs], sources: dict[str, Source], mix: Mix, sep: tuple[int, bool],
+             split: str) -> Planner:
     train = split == "train"
-    streams = {name: TokenStream(sources[name], tokenizer, separator, split, repeat=train, max_repeats=repeats[0])
-               for name in weights}
-    return MixedBlocks(streams, weights, seq_len, repeats[1])
+    streams = [Stream(docs[name], name, Split(split, sources[name]), train, sep[1], mix.max_repeats if train else None)
+               for name in mix.weights]
+    return Planner(streams, mix.weights, mix.seq_len, mix.on_exhausted if train else "fail")
+
+
+def _mixture(sources: dict[str, Source], mix: Mix, tokenizer, split: str) -> MixedBlocks:
+    sep = _sep(tokenizer, mix.separator)
+    docs = {name: _docs(sources[name], tokenizer) for name in mix.weights}
+    return MixedBlocks(_planner(docs, sources, mix, sep, split), list(docs.values()), mix.seq_len, sep)
 
 
 def build_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
                   separator: str, max_repeats: int | None = None, on_exhausted: str = "fail") -> MixedBlocks:
-    """A training mixture: exhausted sources repeat (up to `max_repeats`, then `on_exhausted`)."""
-    return _mixture(sources, weights, tokenizer, seq_len, separator, "train", (max_repeats, on_exhausted))
+    """A training mixture planned as it is drawn: exhausted sources repeat (up to `max_repeats`, then
+    `on_exhausted`)."""
+    return _mixture(sources, Mix(weights, seq_len, separator, max_repeats, on_exhausted), tokenizer, "train")
 
 
 def eval_mixture(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
                  separator: str) -> MixedBlocks:
     """An evaluation mixture of the held-out split: it stops when the data runs out."""
-    return _mixture(sources, weights, tokenizer, seq_len, separator, "eval")
+    return _mixture(sources, Mix(weights, seq_len, separator), tokenizer, "eval")
 
 
 def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer, seq_len: int,
@@ -279,3 +244,46 @@ def eval_blocks(sources: dict[str, Source], weights: dict[str, float], tokenizer
     while len(blocks) < max_blocks and (block := mix.next_block()) is not None:
         blocks.append(block)
     return torch.tensor(blocks, dtype=torch.long) if blocks else None
+
+
+def _identity(source: Source) -> list:
+    """What a source's documents depend on: its files (path, size, modification time), how they are
+    read, and whether they come from a token cache."""
+    files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in source.files]
+    fields = {f.name: repr(getattr(source, f.name)) for f in dataclasses.fields(source)
+              if f.compare and f.name != "files"}
+    return [files, fields, repr(source.chat), worth_caching(source)]
+
+
+def layout_key(sources: dict[str, Source], mix: Mix, tokenizer, blocks: int) -> str:
+    """The prepared layout's name: everything its blocks depend on."""
+    what = [LAYOUT_VERSION, tokenizer_digest(tokenizer), [[n, w, _identity(sources[n])] for n, w in mix.weights.items()],
+            mix.seq_len, mix.separator, mix.max_repeats, mix.on_exhausted, blocks,
+            [WINDOW_CHARS, WINDOW_TOKENS, ENCODE_BATCH]]
+    return hashlib.sha256(json.dumps(what, default=str).encode()).hexdigest()[:16]
+
+
+def launch_mixture(sources: dict[str, Source], mix: Mix, tokenizer, blocks: int, ranks: Ranks) -> MixedBlocks:
+    """A training launch's mixture: its first `blocks` blocks (every rank's) planned once, by rank 0,
+    into `ranks.folder` (the other ranks wait); each rank then cuts only its own from the token caches
+    (and the ids rank 0 stored for sources without one). The same blocks, records and counts as
+    `build_mixture` with the same settings."""
+    sep = _sep(tokenizer, mix.separator)
+    key = layout_key(sources, mix, tokenizer, blocks)
+
+    def plan(folder: Path) -> None:
+        with contextlib.ExitStack() as files:
+            docs, meta = {}, []
+            for i, name in enumerate(mix.weights):
+                if worth_caching(sources[name]):
+                    docs[name] = _docs(sources[name], tokenizer)
+                    meta.append({"cache": str(docs[name].cache.folder)})
+                else:  # encoded here, once: the ids go beside the layout for every rank to cut from
+                    sink = files.enter_context(open(folder / f"store-{i}.bin", "wb"))
+                    docs[name] = _docs(sources[name], tokenizer, sink)
+                    meta.append({"store": f"store-{i}.bin"})
+            planner = _planner(docs, sources, mix, sep, "train")
+            write_layout(folder, planner, blocks, {"names": list(mix.weights), "docs": meta, "seq_len": mix.seq_len})
+
+    layout = Layout(prepare(ranks, key, plan))
+    return MixedBlocks(layout, layout.docs, mix.seq_len, sep)

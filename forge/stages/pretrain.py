@@ -2,14 +2,16 @@
 
 Its own part of the loop (forge.train.loop.fit): each optimizer step draws `grad_accum`
 micro-batches of packed `seq_len` blocks from the mixture by token share; held-out loss per
-source is the evaluation. A midtrain stage may extend the context (RoPE) and decays its learning
-rate (anneal or WSD) by default.
+source is the evaluation. The launch's blocks are planned once, by rank 0, into the stage's
+`blocks/` folder, and each rank cuts only its own (forge.data.mixing.launch_mixture). A midtrain
+stage may extend the context (RoPE) and decays its learning rate (anneal or WSD) by default.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from forge.data.mixing import MixedBlocks, build_mixture
+from forge.data.blocks import Ranks
+from forge.data.mixing import MixedBlocks, Mix, launch_mixture
 from forge.lm.perplexity import loss_metrics, source_blocks, source_losses
 from forge.recipe.settings import MidtrainStage, PretrainStage
 from forge.stages.result import StageInputs, StageResult
@@ -26,8 +28,10 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
         mid, ctx = stage, stage.context
         configure = lambda cfg: extend_context(cfg, ctx, mid.context_length(), f"stage {mid.name}")  # noqa: E731
     s = open_session(stage, inputs, configure)
-    mix = build_mixture(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
-                        max_repeats=stage.max_repeats, on_exhausted=stage.on_exhausted)
+    blocks = s.total_steps * stage.grad_accum * stage.batch_size * s.world  # every rank's, the whole stage
+    ranks = Ranks(inputs.out_dir / "blocks", s.rank, s.world, s.accelerator.wait_for_everyone)
+    mix = launch_mixture(inputs.sources, Mix(stage.weights, stage.seq_len, stage.separator, stage.max_repeats,
+                                             stage.on_exhausted), s.tokenizer, blocks, ranks)
     # each source's own held-out blocks: the mixed figure is their token-weighted mean
     held_out = source_blocks(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
                              stage.eval.max_blocks)

@@ -124,10 +124,102 @@ def test_max_repeats_then_rebalance(tmp_path, generated_sources, tokenizer):
     assert abs(taken["general"] / (taken["general"] + taken["domain"]) - 0.25) <= 0.01  # the others keep their ratio
 
 
-def test_fast_encode_path_matches_the_tokenizer_call(generated_sources, tokenizer):
-    from forge.data.mixing import TokenStream
+def test_blocks_are_the_slow_tokenizer_calls_ids_joined_and_cut(tmp_path, tokenizer):
+    """Blocks cut by numpy slices from the fast batch encode equal the plain tokenizer call's ids, each
+    document's with its separator, joined and cut into seq_len blocks (after or before each document)."""
+    texts = [f"record {i}: " + "Ünïcödé  spaces\tand\nlines ✓ " * (i % 7) for i in range(120)]
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    src = {"t": resolve_source("t", DataSource(path=str(path), holdout=0.0), tmp_path)}
+    slow = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for sep, sep_id in (("eos", tokenizer.eos_token_id), ("bos", tokenizer.bos_token_id)):
+        joined = [t for ids in slow for t in ((ids + [sep_id]) if sep == "eos" else ([sep_id] + ids))]
+        mix = build_mixture(src, {"t": 1.0}, tokenizer, 24, sep, max_repeats=0, on_exhausted="rebalance")
+        blocks = []
+        while (block := mix.next_block()) is not None:
+            blocks += block
+        assert blocks == joined[:len(joined) // 24 * 24]
 
-    stream = TokenStream(generated_sources["domain"], tokenizer, "eos", "train", repeat=False)
-    texts = [t for _, t in generated_sources["domain"].records()][:50] + ["Ünïcödé  spaces\tand\nlines ✓"]
-    slow = [x + [tokenizer.eos_token_id] for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    assert stream._encode(texts) == slow
+
+def _launch_sources(tmp_path, generated_sources, monkeypatch):
+    """A token-cached source (the cache threshold lowered), one encoded as read, and a small one
+    that runs out after one repeat."""
+    from dataclasses import replace
+
+    from forge.data import tokencache
+
+    monkeypatch.setattr(tokencache, "CACHE_BYTES", 0)
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": f"short text {i}."}) + "\n" for i in range(10)))
+    return {"general": replace(generated_sources["general"], token_dir=tmp_path / "tokens", workers=2),
+            "domain": generated_sources["domain"],
+            "small": resolve_source("small", DataSource(path=str(small)), tmp_path)}
+
+
+def test_each_rank_of_a_launch_cuts_only_its_own_blocks_of_the_one_stream(tmp_path, generated_sources, tokenizer,
+                                                                           monkeypatch):
+    """A launch plans its blocks once; rank r of 2 cuts only its own, which are exactly the blocks
+    build_mixture gives rank r (tokens, order, records), with the same counts after every batch."""
+    import torch
+
+    from forge.data.blocks import Ranks
+    from forge.data.mixing import Mix, launch_mixture
+
+    sources = _launch_sources(tmp_path, generated_sources, monkeypatch)
+    weights = {"general": 0.5, "domain": 0.3, "small": 0.2}
+    mix = Mix(weights, 32, "eos", max_repeats=1, on_exhausted="rebalance")
+    steps, per_rank = 40, 3
+    ranks = [launch_mixture(sources, mix, tokenizer, steps * per_rank * 2, Ranks(tmp_path / "blocks", r, 2))
+             for r in range(2)]
+    assert len(list((tmp_path / "blocks").glob("blocks-*"))) == 1  # planned once: rank 1 found rank 0's layout
+    alone = build_mixture(sources, weights, tokenizer, 32, "eos", max_repeats=1, on_exhausted="rebalance")
+    for _ in range(steps):
+        want, records = alone.next_batch(2 * per_rank), alone.take_records()
+        got = [m.next_batch(per_rank, r, 2) for r, m in enumerate(ranks)]
+        assert torch.equal(torch.cat(got), want)
+        assert ranks[0].take_records() + ranks[1].take_records() == records
+        for m in ranks:
+            assert (m.taken, m.repeats(), m.rebalanced, m.shares()) == \
+                (alone.taken, alone.repeats(), alone.rebalanced, alone.shares())
+    assert alone.rebalanced == ["small"]  # the rebalance really happened inside the launch
+    assert [m.read for m in ranks] == [steps * per_rank] * 2  # each cut its own share, nothing more
+
+
+def test_a_launch_resumes_from_its_block_count_without_planning_again(tmp_path, generated_sources, tokenizer,
+                                                                       monkeypatch):
+    from forge.data import blocks as layout
+    from forge.data.blocks import Ranks
+    from forge.data.mixing import Mix, launch_mixture
+
+    sources = _launch_sources(tmp_path, generated_sources, monkeypatch)
+    mix, ranks = Mix({"general": 0.4, "domain": 0.4, "small": 0.2}, 48, "bos"), Ranks(tmp_path / "blocks", 1, 2)
+    launch_mixture(sources, mix, tokenizer, 240, Ranks(tmp_path / "blocks"))  # rank 0 plans
+    straight = launch_mixture(sources, mix, tokenizer, 240, ranks)
+    for _ in range(10):
+        straight.next_batch(4, 1, 2)
+    state = json.loads(json.dumps(straight.state_dict()))
+    expected = [straight.next_batch(4, 1, 2) for _ in range(20)]
+    monkeypatch.setattr(layout, "write_layout", lambda *a: pytest.fail("planned again"))
+    resumed = launch_mixture(sources, mix, tokenizer, 240, Ranks(tmp_path / "blocks"))
+    resumed.load_state_dict(state)
+    assert all((resumed.next_batch(4, 1, 2) == want).all() for want in expected)
+    assert resumed.read == 20 * 4 and resumed.taken == straight.taken
+    with pytest.raises(ForgeError, match="drew more than the 240 blocks"):
+        resumed.next_batch(4, 1, 2)
+    with pytest.raises(ForgeError, match="written by an earlier forge"):
+        resumed.load_state_dict({"taken": {}, "rebalanced": [], "streams": {}})  # the per-source format
+
+
+def test_a_launch_that_runs_out_fails_on_every_rank_with_the_sources_name(tmp_path, generated_sources, tokenizer,
+                                                                           monkeypatch):
+    from forge.data.blocks import Ranks
+    from forge.data.mixing import Mix, launch_mixture
+
+    sources = _launch_sources(tmp_path, generated_sources, monkeypatch)
+    mix = Mix({"small": 0.5, "general": 0.5}, 32, "eos", max_repeats=2)
+    waited = []
+    for rank in (0, 1):  # rank 0 plans and fails; rank 1, past the barrier, reads why
+        with pytest.raises(ForgeError, match="'small' ran out after 2 repeat"):
+            launch_mixture(sources, mix, tokenizer, 400, Ranks(tmp_path / "blocks", rank, 2, lambda: waited.append(1)))
+    assert len(waited) == 2  # each rank came to the barrier once
+    assert [p.suffix for p in (tmp_path / "blocks").iterdir()] == [".failed"]  # no layout: only why
