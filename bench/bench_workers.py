@@ -2,7 +2,8 @@
 
 Each repeat, for each worker count, in a fresh folder: hygiene (clean_sources: PII/secret redaction,
 decontamination off, exact and near dedup: records/s), tokenization into the token cache (tokens/s)
-and mixing+packing of every block from it (tokens/s, one process: what a rank does). The median of
+and mixing+packing of every block from it (tokens/s: what a launch does now, forge.data.mixing.launch_mixture:
+rank 0 plans the blocks' layout once, then the rank cuts its blocks, 16 a batch, from the cache). The median of
 the repeats per phase; the ratio to the first worker count; whether the cleaned cache and the blocks
 are byte-identical across worker counts; and the hours projected for 10B tokens. On a shared machine
 wall-clock rates follow the others' load, so each phase also gives its CPU seconds (every process)
@@ -46,7 +47,8 @@ def _bound(before: tuple[float, float], workers: int) -> tuple[float, float]:
 
 def _one(corpus: Path, work: Path, workers: int, tok) -> dict:
     from forge.data.hygiene import HygieneConfig
-    from forge.data.mixing import build_mixture
+    from forge.data.blocks import Ranks
+    from forge.data.mixing import Mix, build_mixture, launch_mixture
     from forge.data.parallel import PrepareConfig
     from forge.data.prepare import clean_sources
     from forge.data.tokencache import token_cache
@@ -64,12 +66,16 @@ def _one(corpus: Path, work: Path, workers: int, tok) -> dict:
     t0, c0 = time.perf_counter(), _cpu()
     token_cache(crm, tok, work / "tokens", workers)
     enc, (enc_cpu, enc_bound) = time.perf_counter() - t0, _bound(c0, workers)
-    t0, c0 = time.perf_counter(), _cpu()
-    mix = build_mixture({"crm": crm}, {"crm": 1.0}, tok, 1024, "eos", max_repeats=0, on_exhausted="rebalance")
-    digest, blocks = hashlib.sha256(), 0
-    while (block := mix.next_block()) is not None:
-        digest.update(repr(block).encode())
+    counted = build_mixture({"crm": crm}, {"crm": 1.0}, tok, 1024, "eos", max_repeats=0, on_exhausted="rebalance")
+    blocks = 0
+    while counted.plan.block() is not None:  # how many blocks the corpus fills (untimed: a launch knows its budget)
         blocks += 1
+    blocks -= blocks % 16
+    t0, c0 = time.perf_counter(), _cpu()
+    mix = launch_mixture({"crm": crm}, Mix({"crm": 1.0}, 1024, "eos", 0, "rebalance"), tok, blocks, Ranks(work / "blocks"))
+    digest = hashlib.sha256()
+    for _ in range(blocks // 16):
+        digest.update(mix.next_batch(16).numpy().tobytes())
     pack, (_, pack_bound) = time.perf_counter() - t0, _bound(c0, 1)
     tokens = blocks * 1024
     cache = hashlib.sha256(cleaned["crm"].files[0].read_bytes()).hexdigest()
@@ -123,7 +129,7 @@ def _report(counts: list[int], runs: dict[int, list[dict]]) -> None:
 def _project(counts: list[int], med: dict, runs: dict) -> None:
     """10B tokens: per-core rates from the largest worker count measured (rate / workers), scaled to 64
     cores a node; the shuffle (digests and band keys, 240 B a record) over a 10 Gb/s link between
-    nodes; mixing+packing stays one process a run until each rank packs its own shard (item 4)."""
+    nodes; mixing+packing: rank 0 plans the layout once, each rank cuts its own share (item 4)."""
     n = counts[-1]
     r = runs[n][0]
     tok_per_record = r["_tokens"] / max(1, r["_records"])  # kept records' tokens per record read
