@@ -44,7 +44,7 @@ class Split:
     """The documents of a source a stream reads: its held-out ones (eval) or the others (train)."""
 
     def __init__(self, name: str, source: Source):
-        self.name, self.key, self.fraction = name, source.name, source.holdout
+        self.name, self.key, self.fraction = name, source.holdout_key, source.holdout  # a curated set: its own split
 
     def keep(self, record: int) -> bool:
         held = in_holdout(self.key, record, self.fraction)

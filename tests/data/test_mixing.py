@@ -59,6 +59,20 @@ def test_holdout_is_disjoint_and_fixed(generated_sources, tokenizer):
     assert a.shape == (8, 32) and (a == b).all()
 
 
+def test_a_curated_sets_split_is_its_own_under_any_recipe_name(generated_sources, tokenizer):
+    """Pretraining draws only the records the set holds in (Source.holdout_key), as SFT replay and
+    the evaluation suite do, so the general perplexity check never scores text the stage trained on."""
+    import dataclasses
+
+    src = dataclasses.replace(generated_sources["general"], name="replay", split_key="general", holdout=0.2)
+    mix = build_mixture({"replay": src}, {"replay": 1.0}, tokenizer, 32, "eos")
+    for _ in range(40):
+        mix.next_batch(4)
+    trained = {record for _, record in mix.take_records()}
+    assert trained and not any(in_holdout("general", r, 0.2) for r in trained)
+    assert any(in_holdout("replay", r, 0.2) for r in trained)  # the recipe name's split would differ
+
+
 def test_resume_gives_the_same_tokens(generated_sources, tokenizer):
     weights = {"general": 0.4, "domain": 0.6}
     straight = build_mixture(generated_sources, weights, tokenizer, 48, "eos")
