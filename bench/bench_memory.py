@@ -112,11 +112,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1.0], help="corpus sizes in GB")
     ap.add_argument("--workdir", type=Path, default=None, help="where corpora go (default: a temp dir, removed)")
+    ap.add_argument("--quick", action="store_true", help="2 MB and 4 MB corpora (the script's own check)")
     ap.add_argument("--child", nargs=2, metavar=("CORPUS", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(Path(args.child[0]), Path(args.child[1]))))
         return
+    if args.quick:
+        args.sizes = [0.002, 0.004]
     root = args.workdir or Path(tempfile.mkdtemp(prefix="forge-bench-mem-"))
     root.mkdir(parents=True, exist_ok=True)
     results = {}

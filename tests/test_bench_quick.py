@@ -25,9 +25,10 @@ QUICK = {
     "bench_hygiene.py": (["--quick"], ["read", "pii", "dedup_near", "all"], True),
     "bench_gpu.py": (["--quick"], [], False),
     "bench_plan.py": ([], [], False),
+    "bench_data.py": (["--workers", "1,2", "--quick"], [], False),  # runs bench_workers.py
+    "bench_memory.py": (["--quick"], [], False),
 }
-# benchmarks whose quick mode another file owns and does not have yet (see bench/RESULTS.md)
-NO_QUICK_YET = {"bench_data.py", "bench_memory.py", "bench_workers.py"}
+NO_QUICK_YET = {"bench_workers.py"}  # a module of bench_data.py --workers (its quick mode above)
 
 
 def table_rows(out: str) -> dict[str, list[str]]:
@@ -65,6 +66,13 @@ def test_quick_mode_prints_its_ratio_table(name, tmp_path):
     if name == "bench_gpu.py":  # its own table: each mode's tokens/s, x eager, MFU, memory, step and plan
         assert re.search(r"^mode +tok/s +x eager", done.stdout, re.M) and re.search(r"^eager +[\d,]+ +1\.00",
                                                                                    done.stdout, re.M), done.stdout
+        return
+    if name == "bench_data.py":  # per phase: 1 and 2 workers side by side, the ratio, the outputs' identity
+        assert re.search(r"^hygiene records/s +[\d,]+ +[\d,]+ +[\d.]+$", done.stdout, re.M), done.stdout
+        assert "at [1, 2] workers: yes" in done.stdout, done.stdout
+        return
+    if name == "bench_memory.py":  # each phase's peak at the two sizes and their ratio
+        assert re.search(r"^hygiene_peak_mb .* ratio [\d.]+x \(corpus 2x\)", done.stdout, re.M), done.stdout
         return
     tables = table_rows(done.stdout)
     title = name.removesuffix(".py")
