@@ -1,6 +1,6 @@
 """Token ids of a source, encoded once in worker processes and kept on disk: the mixture then cuts its
 blocks from them instead of encoding as it trains. A shard's documents are encoded exactly as
-`forge.data.mixing.TokenStream` encodes them (a batch of short ones, a long one window by window), so
+`forge.data.blocks.EncodedDocs` encodes them (a batch of short ones, a long one window by window), so
 the ids, and the blocks, are the same whatever the number of workers, and the same as without a cache.
 """
 from __future__ import annotations
