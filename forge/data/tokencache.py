@@ -91,7 +91,7 @@ class Encode:
 def encode_shard(task: Encode) -> int:
     """A worker's part: the shard's non-empty documents as ids (flat), their offsets and record numbers
     (a byte range counts its records from 1; the parent renumbers). Returns the records read."""
-    shard, source, enc = task.shard, task.shard.source, Encoder(task.tokenizer)
+    shard, enc = task.shard, Encoder(task.tokenizer)
     records: list[int] = []
     pieces: list[np.ndarray] = []
     lengths: list[int] = []
