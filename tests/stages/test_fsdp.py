@@ -132,6 +132,18 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_each_rank_cuts_only_its_own_blocks_of_a_layout_planned_once(runs, strategy):
+    """Issue 23 item 4: rank 0 plans the launch's blocks once; each rank cuts its own half (6 steps x 2
+    blocks), where the one process with the same global batch cut all 24."""
+    cpt = runs[strategy] / "cpt"
+    assert [json.loads((cpt / f"read-rank{r}.json").read_text())["read"] for r in (0, 1)] == [12, 12]
+    assert json.loads((runs["one"] / "cpt" / "read-rank0.json").read_text())["read"] == 24
+    layouts = sorted(p.name for p in (cpt / "blocks").iterdir())
+    assert len(layouts) == 1 and layouts[0].startswith("blocks-") and (cpt / "blocks" / layouts[0] / "meta.json").is_file()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,key", [("cpt", "loss"), ("sft", "loss"), ("dpo", "loss"), ("dpo", "rewards/margin")])
 def test_fsdp_and_ddp_on_two_processes_equal_one_process_step_by_step(runs, stage, key):
     one = series(runs["one"], stage, key)

@@ -52,10 +52,27 @@ def crash_after(calls: int) -> None:
 
 
 def main(config: str) -> None:
+    from forge.data.mixing import MixedBlocks
+
     cfg = json.loads(config)
     rank = int(os.environ.get("RANK", "0"))
     if cfg.get("crash_after") is not None:
         crash_after(cfg["crash_after"])
+    real, mixes = MixedBlocks.next_batch, []
+
+    def noted(self: Any, *args: Any, **kwargs: Any) -> Any:  # the stage's mixture, to read its `read` count
+        if not mixes or mixes[-1] is not self:
+            mixes.append(self)
+        return real(self, *args, **kwargs)
+
+    MixedBlocks.next_batch = noted  # type: ignore[method-assign]
+    try:
+        _stages(cfg, rank, mixes)
+    finally:
+        MixedBlocks.next_batch = real  # type: ignore[method-assign]
+
+
+def _stages(cfg: dict[str, Any], rank: int, mixes: list[Any]) -> None:
     found = sources(Path(cfg["data"]), Path(cfg["generated"]))
     for stage_cfg in cfg["stages"]:
         stage_cfg = dict(stage_cfg)
@@ -68,6 +85,8 @@ def main(config: str) -> None:
         inputs = StageInputs(start, found, out, tracker, cfg.get("resume", False), {}, lambda *_: None,
                              parallelism=parallelism)
         result = KINDS[stage.kind].runner()(stage, inputs)
+        if mixes and stage.kind in ("pretrain", "midtrain"):  # the blocks this rank cut itself
+            (out / f"read-rank{rank}.json").write_text(json.dumps({"read": mixes[-1].read}))
         if rank == 0:
             (out / "logged.json").write_text(json.dumps(
                 {"rows": [{"step": step, **m} for step, m in tracker.rows],
