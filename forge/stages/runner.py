@@ -103,8 +103,10 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
 def _flops(stage: Any, p: PipelineState) -> Flops | None:
     """The model's FLOPs per trained token and this process's chip peak, for MFU per log window
     (None for a model the planner cannot count). FSDP's bf16 mixed precision computes in bf16."""
-    per_token = flops_per_token(p.planned.model_config, stage.seq_len) if p.planned.model_config else None
-    if per_token is None or not trains(stage):
+    if not trains(stage) or not p.planned.model_config:
+        return None
+    per_token = flops_per_token(p.planned.model_config, stage.seq_len)
+    if per_token is None:
         return None
     mixed = getattr(p.place.parallelism, "mixed_precision", "none") == "bf16"
     precision = "bf16" if mixed else stage.precision

@@ -18,7 +18,7 @@ METRICS_PER_BATCH = 1000
 # the training curves of every stage kind: pretrain/midtrain, sft (target_tokens, epoch), dpo
 # (rewards/chosen, rewards/margin, ...), rft (reward_mean, reward.<function>.mean, kl, ...)
 _METRIC_NAMES: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
-    (re.compile(r"(loss|lr|tokens_per_s|grad_norm|tokens|target_tokens|epoch|completion_length|clip_fraction|kl"
+    (re.compile(r"(loss|lr|tokens_per_s|tflops_per_chip|mfu|grad_norm|tokens|target_tokens|epoch|completion_length|clip_fraction|kl"
                 r"|reward_mean|reward_std)"), r"train/\1"),
     (re.compile(r"(tokens|repeats)\.(.+)"), r"train/\1/\2"),
     (re.compile(r"rewards/(.+)"), r"train/rewards/\1"),

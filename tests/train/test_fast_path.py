@@ -71,9 +71,9 @@ def test_a_run_logs_achieved_flops_to_mlflow_and_mfu_on_a_catalog_chip(tmp_path,
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
     stage = next(r for r in mlflow.search_runs(experiment_names=["tiny"], output_format="list")
                  if r.info.run_name == "cpt")
-    history = mlflow.MlflowClient().get_metric_history(stage.info.run_id, "mfu")
-    tps = mlflow.MlflowClient().get_metric_history(stage.info.run_id, "tokens_per_s")
-    assert [m.step for m in history] == [1, 2] and all(0 < m.value < 1e-3 for m in history)  # a CPU vs 67 TFLOP/s
+    history = mlflow.MlflowClient().get_metric_history(stage.info.run_id, "train/mfu")
+    tps = mlflow.MlflowClient().get_metric_history(stage.info.run_id, "train/tokens_per_s")
+    assert [m.step for m in history] == [m.step for m in tps] == [1, 2] and all(0 < m.value < 1e-3 for m in history)  # a CPU vs 67 TFLOP/s
     recipe = load_recipe(path)
     per_token = flops_per_token(recipe_model_config(recipe), recipe.stages[0].seq_len)
     assert per_token is not None
