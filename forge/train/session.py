@@ -99,11 +99,14 @@ class Session:
         """Load the resume point into `state`; False when starting fresh."""
         if self.resume_from is None:
             return False
-        state.load_state_dict(self.checkpoints.load_state(self.resume_from))
-        if state.step >= self.total_steps:  # e.g. a checkpoint of a longer run: 0 steps left to train
-            raise ForgeError(f"stage {self.settings.name}: resume point {self.resume_from} is at step {state.step}, "
+        saved = self.checkpoints.load_state(self.resume_from)
+        step = int(saved["step"])
+        if step >= self.total_steps:  # e.g. a checkpoint of a longer run: 0 steps left to train (said before
+            # the data position is read: a launch's prepared blocks end at this stage's last step)
+            raise ForgeError(f"stage {self.settings.name}: resume point {self.resume_from} is at step {step}, "
                              f"but the stage now has only {self.total_steps} steps; it belongs to another "
                              "run or settings: start the stage over (forge run --restart)")
+        state.load_state_dict(saved)
         return True
 
     def save_resumable(self, state: TrainState) -> Path:
