@@ -18,7 +18,8 @@ from forge.stages.result import StageInputs, StageResult
 from forge.train.context import extend_context
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import causal_lm_loss
-from forge.train.session import open_session
+from forge.train.checkpoint import load_position
+from forge.train.session import Session, open_session
 from forge.train.state import TrainState
 
 
@@ -28,7 +29,7 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
         mid, ctx = stage, stage.context
         configure = lambda cfg: extend_context(cfg, ctx, mid.context_length(), f"stage {mid.name}")  # noqa: E731
     s = open_session(stage, inputs, configure)
-    blocks = s.total_steps * stage.grad_accum * stage.batch_size * s.world  # every rank's, the whole stage
+    blocks = _launch_blocks(s, stage.grad_accum * stage.batch_size * s.world)
     ranks = Ranks(inputs.out_dir / "blocks", s.rank, s.world, s.accelerator.wait_for_everyone)
     mix = launch_mixture(inputs.sources, Mix(stage.weights, stage.seq_len, stage.separator, stage.max_repeats,
                                              stage.on_exhausted), s.tokenizer, blocks, ranks)
@@ -47,6 +48,16 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
                                  **{f"repeats.{k}": v for k, v in mix.repeats().items()}},
                 records=mix.take_records, sources=inputs.sources)
     return fit(s, task, inputs.tracker)
+
+
+def _launch_blocks(s: Session, per_step: int) -> int:
+    """Every rank's blocks this launch draws, to the stage's end: from the resume point's position when
+    resuming (a checkpoint of another number of processes drew its blocks at its own rate)."""
+    if s.resume_from is None:
+        return s.total_steps * per_step
+    saved = load_position(s.resume_from)
+    drawn = int((saved.get("data") or {}).get("block", 0))
+    return drawn + max(0, s.total_steps - int(saved["step"])) * per_step
 
 
 def _outcome(stage: PretrainStage, mix: MixedBlocks, state: TrainState, block_tokens: int) -> Outcome:

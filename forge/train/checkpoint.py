@@ -121,6 +121,12 @@ def load_state_part(file: Path) -> dict[str, Any]:
     return _load_training(Path(file))
 
 
+def load_position(path: Path) -> dict[str, Any]:
+    """A checkpoint's step, tokens, metrics and data position (its JSON part alone: no tensors, no collective)."""
+    state: dict[str, Any] = json.loads((Path(path) / STATE).read_text())
+    return state
+
+
 def load_state(path: Path) -> dict[str, Any]:
     """The whole saved TrainState of a checkpoint folder (both files)."""
     state: dict[str, Any] = json.loads((Path(path) / STATE).read_text())
