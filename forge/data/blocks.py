@@ -324,9 +324,12 @@ class Ranks:
 def prepare(ranks: Ranks, key: str, plan: Callable[[Path], None]) -> Path:
     """The layout folder `blocks-KEY` under `ranks.folder`: rank 0 plans it (`plan(tmp)` fills a
     temporary folder that then appears whole) unless an earlier launch did; the other ranks wait at the
-    barrier. A ForgeError while planning is every rank's error (rank 0 leaves it in `blocks-KEY.failed`)."""
+    barrier. A ForgeError while planning is every rank's error: rank 0 leaves it in `blocks-KEY.failed`
+    for the others, and once they have read it removes it and the folders it made, so a run that failed
+    on its data leaves its output folder as it found it."""
     path, failed = ranks.folder / f"blocks-{key}", ranks.folder / f"blocks-{key}.failed"
     if ranks.rank == 0 and not (path / "meta.json").is_file():
+        made = [d for d in (ranks.folder, *ranks.folder.parents) if not d.exists()]  # deepest first
         ranks.folder.mkdir(parents=True, exist_ok=True)
         failed.unlink(missing_ok=True)
         try:
@@ -337,12 +340,28 @@ def prepare(ranks: Ranks, key: str, plan: Callable[[Path], None]) -> Path:
             partial = failed.with_name(failed.name + ".partial")
             partial.write_text(message)
             os.replace(partial, failed)
-            ranks.wait()
+            ranks.wait()  # the others read why
+            if ranks.world > 1:
+                ranks.wait()  # ... and have read it
+            _remove(failed, made)
             raise
     ranks.wait()
     if not (path / "meta.json").is_file():
-        raise ForgeError(failed.read_text() if failed.is_file() else f"the prepared blocks {path} are missing")
+        if not failed.is_file():
+            raise ForgeError(f"the prepared blocks {path} are missing (a multi-node launch needs a shared filesystem)")
+        message = failed.read_text()
+        ranks.wait()  # rank 0 removes the note once every rank has read it
+        raise ForgeError(message)
     return path
+
+
+def _remove(failed: Path, made: list[Path]) -> None:
+    failed.unlink(missing_ok=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # something else lives there now
+            return
 
 
 def write_layout(folder: Path, planner: Planner, blocks: int, meta: dict) -> None:

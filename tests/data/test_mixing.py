@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -231,9 +232,18 @@ def test_a_launch_that_runs_out_fails_on_every_rank_with_the_sources_name(tmp_pa
 
     sources = _launch_sources(tmp_path, generated_sources, monkeypatch)
     mix = Mix({"small": 0.5, "general": 0.5}, 32, "eos", max_repeats=2)
-    waited = []
-    for rank in (0, 1):  # rank 0 plans and fails; rank 1, past the barrier, reads why
-        with pytest.raises(ForgeError, match="'small' ran out after 2 repeat"):
-            launch_mixture(sources, mix, tokenizer, 400, Ranks(tmp_path / "blocks", rank, 2, lambda: waited.append(1)))
-    assert len(waited) == 2  # each rank came to the barrier once
-    assert [p.suffix for p in (tmp_path / "blocks").iterdir()] == [".failed"]  # no layout: only why
+    barrier, errors = threading.Barrier(2, timeout=120), {}
+
+    def rank_(rank: int) -> None:  # rank 0 plans and fails; rank 1, past the barrier, reads why
+        try:
+            launch_mixture(sources, mix, tokenizer, 400, Ranks(tmp_path / "out" / "blocks", rank, 2, barrier.wait))
+        except ForgeError as e:
+            errors[rank] = str(e)
+
+    threads = [threading.Thread(target=rank_, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(errors) == [0, 1] and all("'small' ran out after 2 repeat" in e for e in errors.values()), errors
+    assert not (tmp_path / "out").exists()  # no layout, no note: the folders it made are gone
