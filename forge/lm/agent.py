@@ -124,7 +124,8 @@ class Agent:
         st, width = self.stage, max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], device=self.device)
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": st.temperature, "top_p": st.top_p}
+        sampling = {"do_sample": False} if greedy else \
+            {"do_sample": True, "temperature": st.temperature, "top_p": st.top_p, "top_k": st.top_k}
         seqs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=st.max_new_tokens,
                               pad_token_id=self.pad, eos_token_id=self.tok.eos_token_id, **sampling)
         return [cut_at_eos(row, self.tok.eos_token_id) for row in seqs[:, width:].tolist()]

@@ -57,9 +57,10 @@ class HfGenerator:
         st, width = self.stage, max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], device=self.device)
+        # top_k 0 by default: no cut at generate's default of 50, so completions come from what the loss scores
         seqs = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=st.temperature,
-                              top_p=st.top_p, max_new_tokens=st.max_new_tokens, num_return_sequences=st.group,
-                              pad_token_id=self.pad, eos_token_id=self.tok.eos_token_id)
+                              top_p=st.top_p, top_k=st.top_k, max_new_tokens=st.max_new_tokens,
+                              num_return_sequences=st.group, pad_token_id=self.pad, eos_token_id=self.tok.eos_token_id)
         return [cut_at_eos(row, self.tok.eos_token_id) for row in seqs[:, width:].tolist()]
 
 
@@ -81,6 +82,7 @@ class VllmGenerator:
                        else "bfloat16", seed=seed, gpu_memory_utilization=stage.vllm_gpu_memory,
                        max_model_len=stage.seq_len, enforce_eager=True)
         self.params = SamplingParams(n=stage.group, temperature=stage.temperature, top_p=stage.top_p,
+                                     top_k=stage.top_k or -1,  # vLLM's "no cut" is -1
                                      max_tokens=stage.max_new_tokens)
 
     def _engine_model(self) -> Any:

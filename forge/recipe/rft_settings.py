@@ -77,6 +77,8 @@ class RftStage(PostTrainSettings):
     max_new_tokens: int = Field(32, gt=0, le=32_768)
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens only; 0: no cut (TRL's default, "
+                       "and the distribution the loss scores)")
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.0, ge=0, description="KL penalty toward the input checkpoint; 0 = none")
     updates_per_rollout: int = Field(1, ge=1, le=64, description="optimizer steps on each batch of rollouts")

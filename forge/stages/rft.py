@@ -42,14 +42,25 @@ Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fiel
 
 
 class PromptStream:
-    """Prompts, epoch after epoch in file order; its position is part of the resume state."""
+    """Prompts, epoch after epoch, each epoch in an order shuffled by the seed (a file sorted by topic
+    would otherwise give every step one topic's prompts); its position is part of the resume state."""
 
-    def __init__(self, rows: list[Prompt], records: list[Record] | None = None):
+    def __init__(self, rows: list[Prompt], records: list[Record] | None = None, seed: int = 0):
         self.rows, self.pos, self.records = rows, 0, records or []  # records: each row's (source, record number)
+        self.seed = seed
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order)
         self.last: list[Record] = []  # the records of the last take
 
+    def _at(self, k: int) -> int:
+        """The row handed out `k`-th since the start."""
+        epoch = k // len(self.rows)
+        if self._order[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(len(self.rows), generator=g).tolist())
+        return self._order[1][k % len(self.rows)]
+
     def take(self, n: int) -> list[Prompt]:
-        at = [(self.pos + i) % len(self.rows) for i in range(n)]
+        at = [self._at(self.pos + i) for i in range(n)]
         self.pos += n
         self.last = [self.records[i] for i in at] if self.records else []
         return [self.rows[i] for i in at]
@@ -61,11 +72,14 @@ class PromptStream:
         self.pos = state["pos"]
 
 
-def token_logps(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
-    """Log-probs of tokens ids[:, start:] given what precedes them (left-padded rows)."""
+def token_logps(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int,
+                temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of tokens ids[:, start:] given what precedes them (left-padded rows), under the
+    distribution the rollouts sample from (logits / temperature, as TRL and verl score them): with
+    temperature-1 log-probs the policy gradient of completions sampled at 0.7 is biased."""
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-    logits = logits[:, start - 1:-1].float()
+    logits = logits[:, start - 1:-1].float() / temperature
     return torch.gather(F.log_softmax(logits, -1), 2, ids[:, start:].unsqueeze(-1)).squeeze(-1)
 
 
@@ -148,8 +162,9 @@ class Rollouts:
             total = torch.tensor([sum(w * scores[k][i] for k, w in weights.items()) for i in range(len(texts))])
             adv = advantages(total, stage.group) if stage.reward_norm == "sum" else decoupled_advantages(
                 [torch.tensor(scores[k]) for k in weights], list(weights.values()), stage.group)
+            behav = token_logps(model, seqs, mask, width, stage.temperature)
             out.append({"seqs": seqs, "mask": mask, "cmask": cmask, "width": width, "scores": scores, "total": total,
-                        "adv": adv, "behav": token_logps(model, seqs, mask, width), "prompts": prompts,
+                        "adv": adv, "behav": behav, "prompts": prompts,
                         "shown": shown, "metrics": metrics, "records": records})
         return out
 
@@ -159,15 +174,16 @@ class Rollouts:
         self.micro, self.scores, self.table = [], [], {"prompts": [], "completions": [], "reward": []}
         self.metrics = {}
         self.records = [x for r in rollout for x in r.get("records", [])]  # what the steps on it train on
+        t = self.stage.temperature
         for r in rollout:
             seqs, mask, width = r["seqs"], r["mask"], r["width"]
             micro = {"ids": seqs, "mask": mask, "start": torch.tensor(width), "cmask": r["cmask"].float(),
-                     "old": token_logps(model, seqs, mask, width) if age else r["behav"],
+                     "old": token_logps(model, seqs, mask, width, t) if age else r["behav"],
                      "adv": r["adv"].to(self.s.device), "targets": torch.tensor(int(r["cmask"].sum()))}
             if age:
                 micro["behav"] = r["behav"]
             if self.ref is not None:
-                micro["ref"] = token_logps(self.ref, seqs, mask, width)
+                micro["ref"] = token_logps(self.ref, seqs, mask, width, t)
             self.micro.append(micro)
             self.scores.append({**r["scores"], "total": r["total"]})
             for k, v in r["metrics"].items():
@@ -238,7 +254,7 @@ def task(messages: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, An
 
 def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor]) -> Loss:
     """The clipped policy-ratio objective over completion tokens, plus kl_beta x the k3 KL estimate."""
-    logp = token_logps(model, b["ids"], b["mask"], int(b["start"]))
+    logp = token_logps(model, b["ids"], b["mask"], int(b["start"]), stage.temperature)
     ratio = torch.exp(logp - b["old"])
     adv = b["adv"].unsqueeze(1)
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - stage.clip_eps, 1 + stage.clip_eps) * adv)
@@ -284,7 +300,8 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
     ref = None
     if stage.kl_beta:
         ref = s.frozen_input()
-    data = PromptStream(rows, [(n, k) for n in stage.data for k, _, _ in split_rows(inputs.sources[n], held_out=False)])
+    data = PromptStream(rows, [(n, k) for n in stage.data for k, _, _ in split_rows(inputs.sources[n], held_out=False)],
+                        stage.seed)
     if stage.rollout.mode == "off_policy_async" and s.world > 1:
         raise ForgeError(f"stage {stage.name}: rollout: off_policy_async runs in one process; this launch has {s.world}")
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)

@@ -1,6 +1,6 @@
 """An agentic RFT environment on the quickstart's knowledge base (forge/data/kb.py): asked about a
 product's attribute, the policy must call the tool `lookup(product, attribute)` and answer with the
-value it returns. Reward: 1 for an answer holding the value; otherwise partial credit for the
+value it returns. Reward: 1 for an answer that is the value; otherwise partial credit for the
 best lookup made: 0.4 for the right attribute, 0.2 for the right product (dense enough for a tiny model's groups). `python recipes/envs/kb_lookup.py` writes recipes/data/kb_agent_tasks.jsonl
 (one task per product and attribute) and kb_agent_demos.jsonl (demonstration trajectories of a few
 training tasks, never of held-out ones, for an SFT warm-up; OpenAI chat records with tool calls).
@@ -45,8 +45,15 @@ class KbLookup:
         return self.FACTS.get((product, attribute)) or f"unknown: no {attribute} for {product}"
 
     def step(self, action: str) -> tuple[None, float, bool]:
-        correct = self.task["answer"].lower() in action.lower()
+        # the answer is the value itself (as the demonstrations give it): a substring test would pay
+        # "12 years" for "2 years", and an answer echoing several lookups for any of them
+        correct = normal(action) == normal(self.task["answer"])
         return None, 1.0 if correct else self.credit, True
+
+
+def normal(text: str) -> str:
+    """Lower case, spaces collapsed, without the closing full stop."""
+    return " ".join(text.lower().split()).rstrip(".!").strip()
 
 
 def tasks() -> list[dict[str, str]]:

@@ -144,3 +144,15 @@ def test_rft_steps_with_an_env_train_and_log_trajectory_reward(tmp_path, tiny_ch
     assert [s for s, _ in evals] == [0, 2]  # the start and the end
     assert "env.heldout.reward_start" in result.metrics and "env.heldout.turns" in result.metrics
     assert (result.checkpoint / "model.safetensors").is_file()
+
+
+def test_kb_lookup_pays_the_value_itself():
+    from forge.usercode import load_function
+
+    env = load_function(f"{HERE.parents[1] / 'recipes/envs/kb_lookup.py'}:KbLookup", what="env")()
+    (product, attribute), value = sorted(env.FACTS.items())[0]
+    env.reset({"prompt": "?", "product": product, "attribute": attribute, "answer": value})
+    assert env.step(f" {value.upper()}.")[1] == 1.0
+    assert env.step(f"1{value}")[1] == 0.0  # "12 years" is not "2 years"
+    assert env.lookup(product, attribute) == value
+    assert env.step(f"{value} or 5 hours")[1] == pytest.approx(0.6)  # partial credit: the right lookup

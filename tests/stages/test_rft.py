@@ -28,9 +28,11 @@ def prompts(tmp_path):
 
 
 def rft(source=f"{REWARDS}:e_share", **kw) -> RftStage:
+    # top_k 50: the random-init model's 50 likeliest tokens; from its whole, near-uniform vocabulary
+    # (top_k 0, the default) 12 steps show no rise of the e_share reward
     cfg = {"name": "rft", "kind": "rft", "data": ["p"], "rewards": [{"source": source, "timeout_s": 1.0}],
            "max_steps": 12, "seq_len": 64, "batch_size": 4, "group": 8, "max_new_tokens": 12,
-           "optim": {"lr": 2e-3}, "log_every": 1}
+           "optim": {"lr": 2e-3}, "log_every": 1, "top_k": 50}
     cfg.update(kw)
     return RftStage(**cfg)
 
@@ -141,3 +143,40 @@ def test_validate_refuses_rft_without_rewards_and_dpo_without_pairs(tmp_path):
                    {"name": "d", "kind": "sft", "data": ["qa"], "max_steps": 1}]
     with pytest.raises(ForgeError, match=r"stages\[0\]\.lora\.merge: false saves only an adapter"):
         load_recipe(write_recipe(tmp_path / "c.yaml", r))
+
+
+def test_prompts_are_shuffled_each_epoch_by_the_seed_and_resume_in_place():
+    from forge.stages.rft import PromptStream
+
+    rows = [([{"role": "user", "content": str(i)}], {}) for i in range(10)]
+
+    def texts(stream, n):
+        return [m[0]["content"] for m, _ in stream.take(n)]
+
+    a = PromptStream(rows, seed=1)
+    first, second = texts(a, 10), texts(a, 10)
+    assert sorted(first) == sorted(second) == sorted(str(i) for i in range(10))  # every prompt once an epoch
+    assert first != [str(i) for i in range(10)] and first != second  # shuffled, anew each epoch
+    assert texts(PromptStream(rows, seed=2), 10) != first
+    b = PromptStream(rows, seed=1)
+    texts(b, 7)
+    resumed = PromptStream(rows, seed=1)
+    resumed.load_state_dict(b.state_dict())
+    assert texts(resumed, 13) == (first + second)[7:20]
+
+
+def test_log_probs_are_those_of_the_sampling_temperature(tiny_checkpoint):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from forge.stages.rft import token_logps
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    ids = torch.randint(4, 100, (2, 10))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, 5:-1] / 0.7
+        want = torch.gather(torch.log_softmax(logits, -1), 2, ids[:, 6:, None]).squeeze(-1)
+        got = token_logps(model, ids, torch.ones_like(ids), 6, 0.7)
+        plain = token_logps(model, ids, torch.ones_like(ids), 6)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)
