@@ -34,6 +34,7 @@ class Headline:
     metric: str
     label: str
     percent: bool = False
+    prefer: "Headline | None" = None  # shown instead where the stage measured it (an env's held-out reward)
 
 
 EVAL_LOSS = Headline("eval_loss", "eval loss")
@@ -79,7 +80,8 @@ KINDS: dict[str, Kind] = _rows(
     Kind(SftStage, "forge.stages.sft", "forge.plan.workloads:SFT", EVAL_LOSS),
     Kind(DpoStage, "forge.stages.dpo", "forge.plan.workloads:DPO",
          Headline("eval_rewards/accuracy", "preference accuracy", percent=True)),
-    Kind(RftStage, "forge.stages.rft", "forge.plan.workloads:RFT", Headline("reward_mean", "mean reward")),
+    Kind(RftStage, "forge.stages.rft", "forge.plan.workloads:RFT",
+         Headline("reward_mean", "mean reward", prefer=Headline("env.heldout.reward", "held-out trajectory reward"))),
 )
 
 

@@ -69,6 +69,8 @@ def figure(metric: str, value: float | None, percent: bool = False) -> str:
 # ---------------------------------------------------------------------------------- the stages
 def stage_figure(headline: Headline, metrics: dict[str, float]) -> str:
     """The stage's headline figure, from its value when the stage began where the loop measured it."""
+    if headline.prefer is not None and headline.prefer.metric in metrics:
+        headline = headline.prefer
     end = metrics.get(headline.metric)
     if end is None:
         return f"{headline.label}: not measured"

@@ -2,7 +2,7 @@
 product's attribute, the policy must call the tool `lookup(product, attribute)` and answer with the
 value it returns. Reward: 1 for an answer that is the value; otherwise partial credit for the
 best lookup made: 0.4 for the right attribute, 0.2 for the right product (dense enough for a tiny model's groups). `python recipes/envs/kb_lookup.py` writes recipes/data/kb_agent_tasks.jsonl
-(one task per product and attribute) and kb_agent_demos.jsonl (demonstration trajectories of a few
+(every product and attribute, asked in two phrasings) and kb_agent_demos.jsonl (demonstration trajectories of the
 training tasks, never of held-out ones, for an SFT warm-up; OpenAI chat records with tool calls).
 """
 from __future__ import annotations
@@ -56,13 +56,17 @@ def normal(text: str) -> str:
     return " ".join(text.lower().split()).rstrip(".!").strip()
 
 
-def tasks() -> list[dict[str, str]]:
-    """Every product and attribute, asked in the training phrasings in turn."""
+def tasks(per_fact: int = 2) -> list[dict[str, str]]:
+    """Every product and attribute, each asked in `per_fact` training phrasings (spread over its
+    list): the held-out split holds out questions, not facts, as the quickstart does, so a policy
+    that picks the attribute by the product alone, not by the question, fails it."""
     out = []
     for i, ((product, attribute), value) in enumerate(sorted(facts().items())):
         asks = phrasings()[attribute]["ask"]
-        out.append({"prompt": asks[i % len(asks)].replace("{p}", product), "product": product,
-                    "attribute": attribute, "answer": value})
+        for k in range(per_fact):
+            ask = asks[(i + k * len(asks) // per_fact) % len(asks)]
+            out.append({"prompt": ask.replace("{p}", product), "product": product, "attribute": attribute,
+                        "answer": value})
     return out
 
 
@@ -75,12 +79,16 @@ def demo(task: dict[str, str]) -> dict[str, Any]:
                          {"role": "assistant", "content": task["answer"]}]}
 
 
-def write_data(folder: Path, demos: int = 96) -> None:
+def write_data(folder: Path, demos: int | None = None) -> None:
+    """The tasks, and demonstrations of `demos` training tasks spread over every product (default:
+    all of them; a tiny model learns to copy the product's name into its call only from enough)."""
     rows = tasks()
     train = [t for n, t in enumerate(rows, start=1) if not in_holdout(SOURCE, n, HOLDOUT)]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "kb_agent_tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
-    (folder / "kb_agent_demos.jsonl").write_text("".join(json.dumps(demo(t)) + "\n" for t in train[:demos]))
+    demos = len(train) if demos is None else demos
+    spread = [train[round(k * len(train) / demos)] for k in range(demos)]  # every product, not the first few
+    (folder / "kb_agent_demos.jsonl").write_text("".join(json.dumps(demo(t)) + "\n" for t in spread))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,13 @@ def test_every_kind_has_a_row_with_its_headline_figure():
     assert not [line for line in lines if len(KEY_VALUE.findall(line)) > 1]
 
 
+def test_an_env_stage_headlines_its_held_out_trajectory_reward():
+    from forge.eval.summary import stage_figure
+
+    agent = {**RESULTS["rft"][0], "env.heldout.reward_start": 0.444, "env.heldout.reward": 0.609}
+    assert stage_figure(KINDS["rft"].headline, agent) == "held-out trajectory reward: 0.444 -> 0.609"
+
+
 def test_start_versus_novella_names_the_reference_and_keeps_the_headline_metrics():
     stages, results = _stages(["pretrain", "sft"])
     recipe = SimpleNamespace(base=Base(scratch=ScratchBase(tokenizer_sources=["web"])), stages=stages)
