@@ -67,10 +67,14 @@ def figure(metric: str, value: float | None, percent: bool = False) -> str:
 
 
 # ---------------------------------------------------------------------------------- the stages
+def preferred(headline: Headline, metrics: dict[str, float]) -> Headline:
+    """The headline's `prefer` where the stage measured it (an env's held-out reward), else itself."""
+    return headline.prefer if headline.prefer is not None and headline.prefer.metric in metrics else headline
+
+
 def stage_figure(headline: Headline, metrics: dict[str, float]) -> str:
     """The stage's headline figure, from its value when the stage began where the loop measured it."""
-    if headline.prefer is not None and headline.prefer.metric in metrics:
-        headline = headline.prefer
+    headline = preferred(headline, metrics)
     end = metrics.get(headline.metric)
     if end is None:
         return f"{headline.label}: not measured"
@@ -145,7 +149,8 @@ def versus(e: Ending) -> list[str]:
     start, end = ev.comparison.metrics.get(START, {}), ev.comparison.metrics.get(NOVELLA, {})
     picked = [(t, n) for t, n in picked if n in start or n in end]
     if not picked and len(e.stages) == 1:  # the one stage's own held-out figure is start versus Novella
-        h, m = KINDS[e.stages[0].kind].headline, e.results[0].metrics
+        m = e.results[0].metrics
+        h = preferred(KINDS[e.stages[0].kind].headline, m)
         start, end = {h.metric: m.get(f"{h.metric}_start")}, {h.metric: m.get(h.metric)}
         picked = [(f"{h.label}, held out (the stage's own)", h.metric)] if end[h.metric] is not None else []
     if not picked:

@@ -72,6 +72,11 @@ def test_an_env_stage_headlines_its_held_out_trajectory_reward():
 
     agent = {**RESULTS["rft"][0], "env.heldout.reward_start": 0.444, "env.heldout.reward": 0.609}
     assert stage_figure(KINDS["rft"].headline, agent) == "held-out trajectory reward: 0.444 -> 0.609"
+    stages, results = _stages(["rft"])
+    results[0].metrics = agent
+    empty = Evaluation(Comparison([START, NOVELLA], {START: "/b", NOVELLA: "/n"}, {START: {}, NOVELLA: {}}))
+    lines = render(Ending("r", stages, results, evaluation=empty))  # one stage: its held-out figure is the story
+    assert lines[lines.index("r: start -> Novella") + 1].endswith("(env.heldout.reward: 0.444 -> 0.609)")
 
 
 def test_start_versus_novella_names_the_reference_and_keeps_the_headline_metrics():
