@@ -22,7 +22,7 @@ from forge.data.examples import OnError, preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
 from forge.recipe.settings import DpoStage
-from forge.stages.post_data import chat_spec, split_rows, tokens_by_source
+from forge.stages.post_data import chat_spec, epoch_generator, split_rows, tokens_by_source
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_dpo_samples
 from forge.track.protocol import StageTracker
@@ -58,7 +58,7 @@ class PairStream:
         self.handed: list[int] = []  # the pairs handed out (this rank) since take_handed
 
     def _order(self, epoch: int) -> list[int]:
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)).tolist()
+        return torch.randperm(self.n, generator=epoch_generator(self.seed, epoch)).tolist()
 
     def next_indices(self, rank: int = 0, world: int = 1) -> list[int]:
         out: list[int] = []

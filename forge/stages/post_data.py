@@ -1,10 +1,12 @@
 """What the post-training stages (SFT, DPO, RFT) read: a source's chat records (its `chat:` spec,
 with the stage's loss choice), the training or held-out split of its rows, and how the tokens
-trained on are shared out over the sources."""
+trained on are shared out over the sources, and the seeded order each epoch walks them in."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Iterator, Literal
+
+import torch
 
 from forge.data.formats import FormatSpec, FormatStats
 from forge.data.mixing import in_holdout
@@ -12,6 +14,12 @@ from forge.data.sources import Source
 from forge.errors import ForgeError
 
 LossOn = Literal["assistant", "all", "last_assistant"]  # FormatSpec.loss_on
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The random generator an epoch's shuffle draws from: the same order for a seed and epoch on
+    every rank and after a resume."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
 def chat_spec(source: Source, where: str, loss_on: LossOn | None = None) -> FormatSpec:

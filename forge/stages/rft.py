@@ -27,7 +27,7 @@ from forge.lm.generation import completion_batch, make_generator
 from forge.lm.rewards import Reward, unique_labels
 from forge.recipe.rft_settings import RftStage
 from forge.stages.async_rollout import Ahead
-from forge.stages.post_data import split_rows
+from forge.stages.post_data import epoch_generator, split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
 from forge.track.protocol import StageTracker
@@ -55,8 +55,7 @@ class PromptStream:
         """The row handed out `k`-th since the start."""
         epoch = k // len(self.rows)
         if self._order[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(len(self.rows), generator=g).tolist())
+            self._order = (epoch, torch.randperm(len(self.rows), generator=epoch_generator(self.seed, epoch)).tolist())
         return self._order[1][k % len(self.rows)]
 
     def take(self, n: int) -> list[Prompt]:

@@ -21,7 +21,7 @@ from forge.data.packing import collate, pack_best_fit, pad_batches
 from forge.errors import ForgeError
 from forge.lm.generation import Sampling, generate
 from forge.recipe.settings import SftStage
-from forge.stages.post_data import chat_spec, split_rows, tokens_by_source
+from forge.stages.post_data import chat_spec, epoch_generator, split_rows, tokens_by_source
 from forge.stages.replay import text_examples
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
@@ -44,7 +44,7 @@ class SftStream:
         self.handed: list[tuple[str, int]] = []  # (source, record number) handed out (this rank) since take_records
 
     def _epoch_units(self, epoch: int) -> list[dict[str, Any]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        g = epoch_generator(self.seed, epoch)
         order = torch.randperm(len(self.examples), generator=g).tolist()
         shuffled = [self.examples[i] for i in order]
         if self.packing == "pad":

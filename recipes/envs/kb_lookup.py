@@ -79,16 +79,14 @@ def demo(task: dict[str, str]) -> dict[str, Any]:
                          {"role": "assistant", "content": task["answer"]}]}
 
 
-def write_data(folder: Path, demos: int | None = None) -> None:
-    """The tasks, and demonstrations of `demos` training tasks spread over every product (default:
-    all of them; a tiny model learns to copy the product's name into its call only from enough)."""
+def write_data(folder: Path) -> None:
+    """The tasks, and a demonstration of every training task (a tiny model learns to copy the
+    product's name into its call only from enough of them; the first 96 by product taught none)."""
     rows = tasks()
     train = [t for n, t in enumerate(rows, start=1) if not in_holdout(SOURCE, n, HOLDOUT)]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "kb_agent_tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
-    demos = len(train) if demos is None else demos
-    spread = [train[round(k * len(train) / demos)] for k in range(demos)]  # every product, not the first few
-    (folder / "kb_agent_demos.jsonl").write_text("".join(json.dumps(demo(t)) + "\n" for t in spread))
+    (folder / "kb_agent_demos.jsonl").write_text("".join(json.dumps(demo(t)) + "\n" for t in train))
 
 
 if __name__ == "__main__":
