@@ -84,15 +84,23 @@ def bench_bare(tmp: Path, args) -> float:
 
 
 class RealTokens:
-    """Counts non-pad tokens of the batches a Trainer trains on (its collator's attention mask)."""
+    """Counts non-pad tokens of the batches a Trainer trains on (its collator's attention mask).
+    accelerate's data loader collates one batch ahead (to know which batch is the last), so a run of
+    N steps collates N + 1 batches: only the first N are trained on, and only they count."""
 
     def __init__(self, collator):
-        self.collator, self.tokens = collator, 0
+        self.collator, self.per_batch = collator, []
 
     def __call__(self, features):
         batch = self.collator(features)
-        self.tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        self.per_batch.append(int(batch["attention_mask"].sum()) if "attention_mask" in batch
+                              else batch["input_ids"].numel())
         return batch
+
+    def trained(self, steps: int) -> int:
+        if len(self.per_batch) < steps:
+            raise RuntimeError(f"the trainer collated {len(self.per_batch)} batches for {steps} steps")
+        return sum(self.per_batch[:steps])
 
 
 def bench_trl(tmp: Path, args) -> float:
@@ -114,7 +122,7 @@ def bench_trl(tmp: Path, args) -> float:
     counter = RealTokens(trainer.data_collator)
     trainer.data_collator = counter
     out = trainer.train()
-    return counter.tokens / out.metrics["train_runtime"]
+    return counter.trained(args.steps) / out.metrics["train_runtime"]
 
 
 def bench_hf(tmp: Path, args) -> float:
@@ -134,7 +142,7 @@ def bench_hf(tmp: Path, args) -> float:
     trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(TOKENIZER), args=targs,
                       train_dataset=Dataset.from_list(ex), data_collator=counter)
     out = trainer.train()
-    return counter.tokens / out.metrics["train_runtime"]
+    return counter.trained(args.steps) / out.metrics["train_runtime"]
 
 
 def bench_prep(tmp: Path, seq_len: int, passes: int = 3) -> dict:
