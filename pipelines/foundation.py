@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from forge.data import harvest
 from forge.data.curated import HOLDOUT, SETS
 from forge.errors import ForgeError
 from forge.recipe import Recipe, resolved_yaml
@@ -134,7 +135,8 @@ def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
                          "text_field": None if cfg.chat is not None else "text", "chat": _chat(cfg.chat)}
     (staging / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
     manifest = {"family": FAMILY, "phases": phases, "curated": curated, "recipe": "recipe.resolved.yaml",
-                "built": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "harvest": harvest.fingerprint()}  # the installed text it read: builds elsewhere may differ
     (staging / "foundation.json").write_text(json.dumps(manifest, indent=2) + "\n")
     _swap_in(staging, out)
     return out

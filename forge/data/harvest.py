@@ -85,6 +85,21 @@ def source_files(root: Path, cap: int = MAX_FILES_PER_ROOT) -> list[Path]:
     return out
 
 
+def fingerprint(roots: list[tuple[str, Path]] | None = None, cap: int | None = None) -> dict[str, object]:
+    """What a harvest reads, named: the Python version, each root's label and file count, and a
+    sha256 of every file's module name and size. Two builds with the same fingerprint parsed the
+    same files; another one (an upgraded package, another Python) means other text."""
+    digest, counts = hashlib.sha256(), {}
+    for label, root in roots or default_roots():
+        files = source_files(root, cap or MAX_FILES_PER_ROOT)
+        counts[label] = counts.get(label, 0) + len(files)
+        for path in files:
+            digest.update(f"{module_name(root, path)}\t{path.stat().st_size}\n".encode())
+    import platform
+
+    return {"python": platform.python_version(), "files": counts, "sha256": digest.hexdigest()}
+
+
 def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts and parts[-1] == "__init__":

@@ -31,17 +31,21 @@ def _check(examples: list[dict], seq_len: int) -> None:
 
 
 def _block(members: list[dict], seq_len: int, pad_id: int) -> dict:
-    ids, labels, pos, lengths = [], [], [], []
+    ids, labels, pos, lengths, teach = [], [], [], [], []
     for ex in members:
         n = len(ex["input_ids"])
         ids += ex["input_ids"]
         labels += [IGNORE] + list(ex["labels"][1:])  # an example's first token is never a target
         pos += range(n)
         lengths.append(n)
+        teach += [bool(ex.get("teach"))] * n
     pad = seq_len - len(ids)
-    return {"input_ids": ids + [pad_id] * pad, "labels": labels + [IGNORE] * pad,
-            "position_ids": pos + list(range(pad)), "lengths": lengths,
-            "records": [ex["record"] for ex in members if "record" in ex]}  # (source, record number), if known
+    block = {"input_ids": ids + [pad_id] * pad, "labels": labels + [IGNORE] * pad,
+             "position_ids": pos + list(range(pad)), "lengths": lengths,
+             "records": [ex["record"] for ex in members if "record" in ex]}  # (source, record number), if known
+    if any(teach):  # tokens whose loss is distillation from a teacher (forge.train.losses.distilled_lm_loss)
+        block["teach"] = teach + [False] * pad
+    return block
 
 
 def pack_best_fit(examples: list[dict], seq_len: int, pad_id: int) -> list[dict]:
@@ -94,9 +98,12 @@ def packing_efficiency(blocks: list[dict]) -> float:
 
 
 def collate(blocks: list[dict]) -> dict[str, torch.Tensor]:
-    """Packed blocks -> (batch, seq_len) tensors; no attention mask (see the module docstring)."""
-    return {k: torch.tensor([b[k] for b in blocks], dtype=torch.long)
-            for k in ("input_ids", "labels", "position_ids")}
+    """Packed blocks -> (batch, seq_len) tensors; no attention mask (see the module docstring); a
+    boolean `teach` when some block has tokens to distil."""
+    batch = {k: torch.tensor([b[k] for b in blocks], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
+    if any("teach" in b for b in blocks):
+        batch["teach"] = torch.tensor([b.get("teach", [False] * len(b["input_ids"])) for b in blocks], dtype=torch.bool)
+    return batch
 
 
 def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[list[dict], float]:
@@ -105,14 +112,17 @@ def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[lis
     for s in range(0, len(examples), batch_size):
         chunk = examples[s:s + batch_size]
         width = max(len(ex["input_ids"]) for ex in chunk)
-        ids, labels, mask = [], [], []
+        ids, labels, mask, teach = [], [], [], []
         for ex in chunk:
             n, pad = len(ex["input_ids"]), width - len(ex["input_ids"])
             ids.append(list(ex["input_ids"]) + [pad_id] * pad)
             labels.append([IGNORE] + list(ex["labels"][1:]) + [IGNORE] * pad)
             mask.append([1] * n + [0] * pad)
+            teach.append([bool(ex.get("teach"))] * n + [False] * pad)
             real += n
         total += width * len(chunk)
         batches.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
                         "attention_mask": torch.tensor(mask)})
+        if any(map(any, teach)):
+            batches[-1]["teach"] = torch.tensor(teach, dtype=torch.bool)
     return batches, (real / total if total else 0.0)

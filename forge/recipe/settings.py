@@ -319,6 +319,10 @@ class SftStage(PostTrainSettings):
     train_on: Literal["assistant", "all"] | None = Field(
         None, description="tokens that carry loss; default: the data source's chat.loss_on")
     packing: Literal["best_fit", "pad"] = "best_fit"
+    replay_distill: float = Field(
+        0.0, ge=0, le=1, description="on replayed plain-text tokens, this share of the loss is the KL divergence from "
+        "the stage's input model (distillation against forgetting; it runs that model forward each step); 0: plain "
+        "language modelling")
     schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
 
 

@@ -6,12 +6,13 @@ chat template (forge.data.formats); each epoch the training examples are shuffle
 best-fit into seq_len blocks whose position ids restart per example (forge.data.packing), or
 padded per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
 held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
-`lora:` is set. The chat template is saved with the model.
+`lora:` is set. With `replay_distill`, the replayed text's loss is (in that share) the KL
+divergence from a frozen copy of the stage's input model. The chat template is saved with the model.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,8 +27,8 @@ from forge.stages.replay import text_examples
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
 from forge.train.loop import Outcome, Task, fit
-from forge.train.losses import masked_lm_loss, masked_lm_loss_sum
-from forge.train.session import open_session
+from forge.train.losses import Loss, distilled_lm_loss_sum, masked_lm_loss, masked_lm_loss_sum
+from forge.train.session import Session, open_session
 
 
 class SftStream:
@@ -99,7 +100,9 @@ def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
     for name in stage.data:
         stats = counts[name] = FormatStats()
         if getattr(sources[name], "chat", None) is None:  # plain text: replayed with loss on every token
-            examples += list(text_examples(sources[name], tokenizer, stage.seq_len, held_out, stats))
+            taught = {"teach": True} if stage.replay_distill else {}  # their loss: distillation
+            examples += [{**ex, **taught} for ex in text_examples(sources[name], tokenizer, stage.seq_len, held_out,
+                                                                   stats)]
             continue
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
         made = list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
@@ -150,12 +153,30 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
 
     sizes = {"train_examples": len(train), "heldout_examples": len(held)}
     task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],
-                loss=masked_lm_loss, data=data, tokens=lambda _: data.new_real_tokens(),
+                loss=_loss(stage, s, train), data=data, tokens=lambda _: data.new_real_tokens(),
                 finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
                 evaluate=evaluate if held_batches else None, samples=samples,
                 row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template,
                 records=data.take_records, sources=inputs.sources)
     return fit(s, task, tracker)
+
+
+def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]]) -> Callable[[torch.nn.Module, Any], Any]:
+    """The masked LM loss, or with `replay_distill` the distilled one against a frozen copy of the
+    stage's input model; its statistic `replay_kl` is the KL summed over the replayed tokens per
+    target token of the step (the loop's statistics are means over targets)."""
+    if not stage.replay_distill:
+        return masked_lm_loss
+    if not any(ex.get("teach") for ex in train):
+        raise ForgeError(f"stage {stage.name}: replay_distill is {stage.replay_distill:g} but no source in data "
+                         f"{stage.data} is plain text (a source without chat:) to replay; add one or set it to 0")
+    teacher, weight = s.frozen_input(), stage.replay_distill
+
+    def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Loss:
+        total, count, kl = distilled_lm_loss_sum(model, teacher, batch, weight)
+        n = max(int(count), 1)
+        return Loss(total / n, {"replay_kl": float(kl) / n})
+    return loss
 
 
 def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], tokens: int,
@@ -167,6 +188,7 @@ def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], t
         metrics["packing_efficiency"] = sum(sum(b["lengths"]) for b in blocks) / (len(blocks) * stage.seq_len)
     lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "chat_template": template,
                "train_on": stage.train_on or "source", "packing": stage.packing,
+               **({"replay_distill": stage.replay_distill} if stage.replay_distill else {}),
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
     return Outcome(metrics, tokens_by_source(counts, tokens), lineage)
 

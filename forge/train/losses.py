@@ -32,6 +32,37 @@ def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
     A packed batch carries position_ids that restart per example (and no attention mask); a padded
     one carries an attention mask."""
+    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
+    keep = labels != IGNORE
+    logits = target_logits(model, batch, keep)
+    return F.cross_entropy(logits, labels[keep], reduction="sum"), keep.sum()
+
+
+def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batch: dict[str, torch.Tensor],
+                          weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """masked_lm_loss_sum where the tokens of `batch["teach"]` (replayed text) take, in place of
+    `weight` of their cross-entropy, the KL divergence from the teacher's next-token distribution
+    (the stage's input model: distillation keeps its predictions on that text, not only its
+    argmax; Learning without Forgetting, Li & Hoiem 2016). Returns (sum, labelled tokens, the KL
+    summed over the taught tokens)."""
+    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
+    keep = labels != IGNORE
+    logits = target_logits(model, batch, keep)
+    ce = F.cross_entropy(logits, labels[keep], reduction="none")
+    taught = batch["teach"][:, 1:].to(keep.device)[keep] if "teach" in batch else torch.zeros_like(ce, dtype=torch.bool)
+    if not bool(taught.any()):
+        return ce.sum(), keep.sum(), ce.new_zeros(())
+    with torch.no_grad():
+        want = F.log_softmax(target_logits(teacher, batch, keep)[taught], dim=-1)
+    kl = F.kl_div(F.log_softmax(logits[taught], dim=-1), want, log_target=True, reduction="none").sum(-1)
+    total = ce.sum() - weight * ce[taught].sum() + weight * kl.sum()
+    return total, keep.sum(), kl.detach().sum()
+
+
+def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
+    """float32 logits at the positions `keep` marks (of the shifted labels, (batch, seq_len - 1)),
+    from the decoder and head alone where the model allows: the head and softmax run only where a
+    loss is taken (SFT: the answers)."""
     kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
     if "position_ids" in batch:
         if "attention_mask" in batch:
@@ -39,18 +70,14 @@ def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
         kwargs["position_ids"] = batch["position_ids"]
     elif "attention_mask" in batch:
         kwargs["attention_mask"] = batch["attention_mask"]
-    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
     body_head = _body_and_head(model)
     if body_head is None:
-        logits = model(**kwargs).logits[:, :-1].float()
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                ignore_index=IGNORE, reduction="sum")
-        return total, (labels != IGNORE).sum()
+        logits: torch.Tensor = model(**kwargs).logits[:, :-1][keep].float()
+        return logits
     body, head = body_head
     hidden = body(**kwargs).last_hidden_state[:, :-1]
-    keep = labels != IGNORE  # the head and the softmax only where a loss is taken (SFT: the answers)
-    total = F.cross_entropy(head(hidden[keep]).float(), labels[keep], reduction="sum")
-    return total, keep.sum()
+    selected: torch.Tensor = head(hidden[keep]).float()
+    return selected
 
 
 # causal LMs whose logits are exactly lm_head(last hidden state): no softcapping, scaling or router loss

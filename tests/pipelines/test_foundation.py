@@ -52,6 +52,7 @@ def test_four_phases_load_and_generate(built):
     manifest = json.loads((home / "foundation.json").read_text())
     assert manifest["family"] == "forge-tiny" and manifest["recipe"] == "recipe.resolved.yaml"
     assert (home / manifest["recipe"]).is_file() and manifest["built"]
+    assert manifest["harvest"]["files"]["stdlib"] == 40 and len(manifest["harvest"]["sha256"]) == 64
     assert {p: v["point"] for p, v in manifest["phases"].items()} == POINTS
     assert manifest["phases"]["pretrained"]["curated"] == ["general", "skills"]
     assert manifest["phases"]["mid-trained"]["curated"] == ["general", "skills", "highquality", "long"]

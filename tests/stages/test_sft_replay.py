@@ -76,3 +76,51 @@ def test_recipes_accept_text_beside_chat_in_sft_only(tmp_path):
     r["stages"] = [{"name": "dpo", "kind": "dpo", "data": ["pairs", "general"], "max_steps": 2, "seq_len": 64}]
     with pytest.raises(ForgeError, match=r"stages\[0\]\.data\[1\]: data.general holds plain text"):
         load_recipe(write_recipe(tmp_path / "dpo.yaml", r))
+
+
+def test_distilled_replay_keeps_the_start_models_predictions(tmp_path, tiny_checkpoint, generated_sources):
+    """replay_distill: 1 trains the replayed text toward the input model's own next-token
+    distributions, so on that text the trained model stays closer to where it started (KL) than
+    plain replay leaves it, while the chat data is learned all the same."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forge.data.packing import pad_batches
+    from forge.stages.sft import heldout_sft_loss, load_examples
+    from forge_testing import Recorder
+
+    sources = _sources(tmp_path, generated_sources)
+    plain = run_stage(_sft(["qa", "general"]), tiny_checkpoint, sources, tmp_path / "plain")
+    tracker = Recorder()
+    distilled = run_stage(_sft(["qa", "general"], replay_distill=1.0), tiny_checkpoint, sources, tmp_path / "distil",
+                          tracker)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    blocks = source_blocks(sources, ["general"], tok, 32, "eos", 8)["general"]  # held-out text
+
+    def logps(path):
+        with torch.no_grad():
+            return F.log_softmax(AutoModelForCausalLM.from_pretrained(path)(input_ids=blocks).logits, -1)
+
+    start = logps(tiny_checkpoint)
+    kl = {name: float((start.exp() * (start - logps(r.checkpoint))).sum(-1).mean())
+          for name, r in (("plain", plain), ("distilled", distilled))}
+    print("KL(start || trained) on the general text:", kl)
+    assert kl["distilled"] < 0.5 * kl["plain"]
+    examples = load_examples(_sft(["qa"]), sources, tok, held_out=False)[0]
+    qa = pad_batches(examples, 8, tok.eos_token_id)[0]
+
+    def qa_loss(path):
+        return heldout_sft_loss(AutoModelForCausalLM.from_pretrained(path), qa, torch.device("cpu"))
+
+    learned = {name: qa_loss(path) for name, path in
+               (("start", tiny_checkpoint), ("plain", plain.checkpoint), ("distilled", distilled.checkpoint))}
+    print("answer loss on the chat data:", learned)
+    assert learned["distilled"] < 0.7 * learned["start"]  # the chat data is learned all the same
+    assert all("replay_kl" in m for _, m in tracker.rows if "loss" in m)
+
+
+def test_distilled_replay_needs_a_text_source(tmp_path, tiny_checkpoint, generated_sources):
+    sources = _sources(tmp_path, generated_sources)
+    with pytest.raises(ForgeError, match=r"stage sft: replay_distill is 0.5 but no source in data \['qa'\] is plain text"):
+        run_stage(_sft(["qa"], replay_distill=0.5), tiny_checkpoint, sources, tmp_path / "x")

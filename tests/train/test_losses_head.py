@@ -58,3 +58,40 @@ def test_wrapped_or_unknown_models_take_the_full_path():
     assert losses._body_and_head(wrapper) is None
     model.config.model_type = "gemma2"  # final logit softcapping: logits are not lm_head(hidden)
     assert losses._body_and_head(model) is None
+
+
+def _teach(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    taught = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
+    taught[:, 15:] = True  # the second packed example of each row is replayed text
+    return {**batch, "teach": taught}
+
+
+def test_distilled_loss_is_the_kl_from_the_teacher_on_taught_tokens():
+    import copy
+
+    import torch.nn.functional as F
+
+    model, batch = _model(), _teach(_batch())
+    plain, n = losses.masked_lm_loss_sum(model, batch)
+    # weight 0: the masked LM loss; a teacher equal to the model: taught tokens cost nothing at weight 1
+    assert torch.allclose(losses.distilled_lm_loss_sum(model, model, batch, 0.0)[0], plain, atol=1e-5)
+    same, count, kl = losses.distilled_lm_loss_sum(model, copy.deepcopy(model), batch, 1.0)
+    keep = batch["labels"][:, 1:] != losses.IGNORE
+    untaught = {**batch, "labels": batch["labels"].masked_fill(batch["teach"], losses.IGNORE)}
+    assert count == n and abs(float(kl)) < 1e-5
+    assert torch.allclose(same, losses.masked_lm_loss_sum(model, untaught)[0], atol=1e-5)
+    # another teacher: the taught tokens' share is its KL divergence, written out here
+    teacher = _model()
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    got, _, kl = losses.distilled_lm_loss_sum(model, teacher, batch, 0.5)
+    taught = batch["teach"][:, 1:][keep]
+    with torch.no_grad():  # no cache: a cache would disable the packed (per-example) attention
+        s, t = (F.log_softmax(m(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+                              .logits[:, :-1][keep], -1) for m in (model, teacher))
+    ce = -s.gather(1, batch["labels"][:, 1:][keep][:, None])[:, 0]
+    want_kl = (t.exp() * (t - s)).sum(-1)[taught].sum()
+    assert float(want_kl) > 1e-3 and torch.allclose(kl, want_kl, atol=1e-4)
+    want = ce[~taught].sum() + 0.5 * ce[taught].sum() + 0.5 * want_kl
+    assert torch.allclose(got, want, atol=1e-4)
