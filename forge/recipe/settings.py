@@ -323,6 +323,9 @@ class SftStage(PostTrainSettings):
         0.0, ge=0, le=1, description="on replayed plain-text tokens, this share of the loss is the KL divergence from "
         "the stage's input model (distillation against forgetting; it runs that model forward each step); 0: plain "
         "language modelling")
+    replay_teacher: Literal["input", "base"] = Field(
+        "input", description="replay_distill's teacher: the stage's input model, or the pipeline's base (the "
+        "checkpoint the recipe starts from: what the retention check compares with)")
     schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
 
 

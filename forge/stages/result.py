@@ -23,3 +23,4 @@ class StageInputs:
     run_id: str | None = None             # the run identity (forge.rundir); resume continues only its checkpoints
     parallelism: Any = "ddp"              # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
     flops: Any = None                     # forge.train.meter.Flops: for tokens/s -> MFU per log window
+    base: Path | None = None              # the pipeline's first checkpoint (SFT's replay_teacher: base)

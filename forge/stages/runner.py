@@ -78,7 +78,7 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, resume=resume,
                                      outputs=dict(p.outputs), log=p.log, run_id=p.place.run_id,
-                                     parallelism=p.place.parallelism, flops=_flops(stage, p))
+                                     parallelism=p.place.parallelism, flops=_flops(stage, p), base=p.inputs.base)
                 reset_peak_rss()
                 result = KINDS[stage.kind].runner()(stage, inputs)
                 result.metrics["peak_rss_mb"] = peak_rss_mb()  # this process's, while the stage trained

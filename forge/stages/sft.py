@@ -12,6 +12,7 @@ divergence from a frozen copy of the stage's input model. The chat template is s
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -153,7 +154,7 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
 
     sizes = {"train_examples": len(train), "heldout_examples": len(held)}
     task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],
-                loss=_loss(stage, s, train), data=data, tokens=lambda _: data.new_real_tokens(),
+                loss=_loss(stage, s, train, inputs.base), data=data, tokens=lambda _: data.new_real_tokens(),
                 finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
                 evaluate=evaluate if held_batches else None, samples=samples,
                 row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template,
@@ -161,16 +162,20 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     return fit(s, task, tracker)
 
 
-def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]]) -> Callable[[torch.nn.Module, Any], Any]:
+def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]],
+          base: Path | None) -> Callable[[torch.nn.Module, Any], Any]:
     """The masked LM loss, or with `replay_distill` the distilled one against a frozen copy of the
-    stage's input model; its statistic `replay_kl` is the KL summed over the replayed tokens per
-    target token of the step (the loop's statistics are means over targets)."""
+    stage's input model (or of the pipeline's base); its statistic `replay_kl` is the KL summed over
+    the replayed tokens per target token of the step (the loop's statistics are means over targets)."""
     if not stage.replay_distill:
         return masked_lm_loss
     if not any(ex.get("teach") for ex in train):
         raise ForgeError(f"stage {stage.name}: replay_distill is {stage.replay_distill:g} but no source in data "
                          f"{stage.data} is plain text (a source without chat:) to replay; add one or set it to 0")
-    teacher, weight = s.frozen_input(), stage.replay_distill
+    if stage.replay_teacher == "base" and base is None:
+        raise ForgeError(f"stage {stage.name}: replay_teacher: base needs the pipeline's base checkpoint (run the "
+                         "stage from a recipe), or set replay_teacher: input")
+    teacher, weight = s.frozen_input(base if stage.replay_teacher == "base" else None), stage.replay_distill
 
     def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Loss:
         total, count, kl = distilled_lm_loss_sum(model, teacher, batch, weight)
@@ -188,7 +193,8 @@ def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], t
         metrics["packing_efficiency"] = sum(sum(b["lengths"]) for b in blocks) / (len(blocks) * stage.seq_len)
     lineage = {"format": {n: c.as_dict(f"data.{n}") for n, c in counts.items()}, "chat_template": template,
                "train_on": stage.train_on or "source", "packing": stage.packing,
-               **({"replay_distill": stage.replay_distill} if stage.replay_distill else {}),
+               **({"replay_distill": stage.replay_distill, "replay_teacher": stage.replay_teacher}
+                  if stage.replay_distill else {}),
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
     return Outcome(metrics, tokens_by_source(counts, tokens), lineage)
 

@@ -88,10 +88,10 @@ class Session:
         model: torch.nn.Module = self.accelerator.unwrap_model(self.model)
         return model
 
-    def frozen_input(self) -> Any:
-        """A frozen copy of the stage's input checkpoint on this device (a reference model), sharded
-        as the policy is."""
-        model, _ = self.checkpoints.load_model(Path(self.place.checkpoint))
+    def frozen_input(self, path: Path | None = None) -> Any:
+        """A frozen copy of the stage's input checkpoint (or of `path`) on this device (a reference
+        model), sharded as the policy is."""
+        model, _ = self.checkpoints.load_model(Path(path or self.place.checkpoint))
         model = self.strategy.shard(model.to(self.device).requires_grad_(False), self.options, self.device)
         return model.eval()
 

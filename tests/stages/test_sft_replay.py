@@ -124,3 +124,28 @@ def test_distilled_replay_needs_a_text_source(tmp_path, tiny_checkpoint, generat
     sources = _sources(tmp_path, generated_sources)
     with pytest.raises(ForgeError, match=r"stage sft: replay_distill is 0.5 but no source in data \['qa'\] is plain text"):
         run_stage(_sft(["qa"], replay_distill=0.5), tiny_checkpoint, sources, tmp_path / "x")
+
+
+def test_distilled_replay_from_the_base_needs_the_pipelines_base(tmp_path, tiny_checkpoint, generated_sources):
+    sources = _sources(tmp_path, generated_sources)
+    with pytest.raises(ForgeError, match=r"stage sft: replay_teacher: base needs the pipeline's base checkpoint"):
+        run_stage(_sft(["qa", "general"], replay_distill=1.0, replay_teacher="base"), tiny_checkpoint, sources,
+                  tmp_path / "x")
+
+
+def test_distilled_replay_from_the_base_loads_the_base_as_teacher(tmp_path, tiny_checkpoint, generated_sources,
+                                                                 monkeypatch):
+    from forge.kinds import KINDS
+    from forge.stages.result import StageInputs
+    from forge.track import null_tracker
+    from forge.train.session import Session
+
+    loaded = []
+    real = Session.frozen_input
+    monkeypatch.setattr(Session, "frozen_input", lambda self, path=None: loaded.append(path) or real(self, path))
+    sources = _sources(tmp_path, generated_sources)
+    first = run_stage(_sft(["qa"], max_steps=2), tiny_checkpoint, sources, tmp_path / "first")
+    stage = _sft(["qa", "general"], max_steps=2, replay_distill=1.0, replay_teacher="base")
+    KINDS["sft"].runner()(stage, StageInputs(first.checkpoint, sources, tmp_path / "second", null_tracker(),
+                                             base=tiny_checkpoint, log=lambda *_: None))
+    assert loaded == [tiny_checkpoint]  # the pipeline's base, not the stage's input (first.checkpoint)
