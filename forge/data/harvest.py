@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import platform
 import random
 import re
 import sysconfig
@@ -95,8 +96,6 @@ def fingerprint(roots: list[tuple[str, Path]] | None = None, cap: int | None = N
         counts[label] = counts.get(label, 0) + len(files)
         for path in files:
             digest.update(f"{module_name(root, path)}\t{path.stat().st_size}\n".encode())
-    import platform
-
     return {"python": platform.python_version(), "files": counts, "sha256": digest.hexdigest()}
 
 

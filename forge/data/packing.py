@@ -31,21 +31,26 @@ def _check(examples: list[dict], seq_len: int) -> None:
 
 
 def _block(members: list[dict], seq_len: int, pad_id: int) -> dict:
-    ids, labels, pos, lengths, teach = [], [], [], [], []
+    ids, labels, pos, lengths = [], [], [], []
     for ex in members:
         n = len(ex["input_ids"])
         ids += ex["input_ids"]
         labels += [IGNORE] + list(ex["labels"][1:])  # an example's first token is never a target
         pos += range(n)
         lengths.append(n)
-        teach += [bool(ex.get("teach"))] * n
     pad = seq_len - len(ids)
     block = {"input_ids": ids + [pad_id] * pad, "labels": labels + [IGNORE] * pad,
              "position_ids": pos + list(range(pad)), "lengths": lengths,
              "records": [ex["record"] for ex in members if "record" in ex]}  # (source, record number), if known
-    if any(teach):  # tokens whose loss is distillation from a teacher (forge.train.losses.distilled_lm_loss)
-        block["teach"] = teach + [False] * pad
+    if any(ex.get("teach") for ex in members):  # tokens whose loss is distillation (losses.distilled_lm_loss_sum)
+        block["teach"] = _teach(members, seq_len)
     return block
+
+
+def _teach(members: list[dict], width: int) -> list[bool]:
+    """Per token of the members laid end to end and padded to `width`: whether it is to be distilled."""
+    out = [flag for ex in members for flag in [bool(ex.get("teach"))] * len(ex["input_ids"])]
+    return out + [False] * (width - len(out))
 
 
 def pack_best_fit(examples: list[dict], seq_len: int, pad_id: int) -> list[dict]:
@@ -112,17 +117,16 @@ def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[lis
     for s in range(0, len(examples), batch_size):
         chunk = examples[s:s + batch_size]
         width = max(len(ex["input_ids"]) for ex in chunk)
-        ids, labels, mask, teach = [], [], [], []
+        ids, labels, mask = [], [], []
         for ex in chunk:
             n, pad = len(ex["input_ids"]), width - len(ex["input_ids"])
             ids.append(list(ex["input_ids"]) + [pad_id] * pad)
             labels.append([IGNORE] + list(ex["labels"][1:]) + [IGNORE] * pad)
             mask.append([1] * n + [0] * pad)
-            teach.append([bool(ex.get("teach"))] * n + [False] * pad)
             real += n
         total += width * len(chunk)
         batches.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
                         "attention_mask": torch.tensor(mask)})
-        if any(map(any, teach)):
-            batches[-1]["teach"] = torch.tensor(teach, dtype=torch.bool)
+        if any(ex.get("teach") for ex in chunk):
+            batches[-1]["teach"] = torch.tensor([_teach([ex], width) for ex in chunk], dtype=torch.bool)
     return batches, (real / total if total else 0.0)

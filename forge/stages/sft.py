@@ -7,7 +7,8 @@ best-fit into seq_len blocks whose position ids restart per example (forge.data.
 padded per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
 held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
 `lora:` is set. With `replay_distill`, the replayed text's loss is (in that share) the KL
-divergence from a frozen copy of the stage's input model. The chat template is saved with the model.
+divergence from a frozen teacher: the stage's input model, or the pipeline's base
+(`replay_teacher`). The chat template is saved with the model.
 """
 from __future__ import annotations
 

@@ -32,31 +32,33 @@ def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
     A packed batch carries position_ids that restart per example (and no attention mask); a padded
     one carries an attention mask."""
-    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
-    keep = labels != IGNORE
-    logits = target_logits(model, batch, keep)
-    return F.cross_entropy(logits, labels[keep], reduction="sum"), keep.sum()
+    labels, keep = _targets(batch)
+    return F.cross_entropy(target_logits(model, batch, keep), labels[keep], reduction="sum"), keep.sum()
 
 
 def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batch: dict[str, torch.Tensor],
                           weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """masked_lm_loss_sum where the tokens of `batch["teach"]` (replayed text) take, in place of
-    `weight` of their cross-entropy, the KL divergence from the teacher's next-token distribution
-    (the stage's input model: distillation keeps its predictions on that text, not only its
-    argmax; Learning without Forgetting, Li & Hoiem 2016). Returns (sum, labelled tokens, the KL
-    summed over the taught tokens)."""
-    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
-    keep = labels != IGNORE
+    `weight` of their cross-entropy, the KL divergence from `teacher`'s next-token distribution
+    (distillation keeps its predictions on that text, not only its argmax; Learning without
+    Forgetting, Li & Hoiem 2016). Returns (sum, labelled tokens, the KL summed over the taught tokens)."""
+    labels, keep = _targets(batch)
     logits = target_logits(model, batch, keep)
     ce = F.cross_entropy(logits, labels[keep], reduction="none")
-    taught = batch["teach"][:, 1:].to(keep.device)[keep] if "teach" in batch else torch.zeros_like(ce, dtype=torch.bool)
-    if not bool(taught.any()):
+    taught = batch["teach"][:, 1:].to(keep.device)[keep] if "teach" in batch else None
+    if taught is None or not bool(taught.any()):
         return ce.sum(), keep.sum(), ce.new_zeros(())
     with torch.no_grad():
         want = F.log_softmax(target_logits(teacher, batch, keep)[taught], dim=-1)
     kl = F.kl_div(F.log_softmax(logits[taught], dim=-1), want, log_target=True, reduction="none").sum(-1)
     total = ce.sum() - weight * ce[taught].sum() + weight * kl.sum()
     return total, keep.sum(), kl.detach().sum()
+
+
+def _targets(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels shifted to the positions that predict them, where they carry loss)."""
+    labels = batch["labels"][:, 1:].to(batch["input_ids"].device)
+    return labels, labels != IGNORE
 
 
 def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
