@@ -153,6 +153,9 @@ def start(uri: str, host: str, port: int, artifacts: str | None, workers: int, l
     if artifacts:
         cmd += ["--artifacts-destination", artifacts]
     env = {**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    # a viewer runs no server-side jobs (MLflow 3 otherwise starts a job runner and its worker
+    # processes beside the server); the user's own setting wins
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     watchdog = [sys.executable, "-m", "forge.ui", "--watch", str(lifeline), str(log.parent), "--", *cmd]
     with open(log, "wb") as out:
         return subprocess.Popen(watchdog, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -54,6 +54,8 @@ def test_start_health_url_and_clean_stop(tmp_path):
         assert ui.url.startswith(f"{ui.base}/#/experiments/") and ui.url.endswith("?workflowType=machine_learning")
         assert urllib.request.urlopen(f"{ui.base}/health", timeout=10).read() == b"OK"
         assert ui.groups and ui.log.is_file()
+        # a viewer: MLflow's job runner and its workers are not started beside the server
+        assert not [p for p in group_members(ui.groups) if "mlflow.server.jobs" in " ".join(p.cmdline())]
         ui.proc.send_signal(signal.SIGINT)  # Ctrl+C (forge_ui set SIGINT to its default in the child)
         assert ui.proc.wait(60) == 0
         assert "stopping the MLflow UI" in ui.proc.stdout.read()

@@ -52,8 +52,13 @@ class SftStream:
         shuffled = [self.examples[i] for i in order]
         if self.packing == "pad":
             return shuffled
-        blocks = pack_best_fit(shuffled, self.seq_len, self.pad_id)  # longest first: shuffle the blocks too
-        return [blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()]
+        # distilled replay packs apart from the rest, so that the teacher reads only the blocks that hold
+        # it; each part's blocks (longest first: shuffled) are spread evenly over the epoch
+        groups = [[ex for ex in shuffled if ex.get("teach")], [ex for ex in shuffled if not ex.get("teach")]]
+        parts = [pack_best_fit(part, self.seq_len, self.pad_id) for part in groups if part]
+        parts = [[p[i] for i in torch.randperm(len(p), generator=g).tolist()] for p in parts]
+        keyed = sorted(((i + 0.5) / len(p), j, i) for j, p in enumerate(parts) for i in range(len(p)))
+        return [parts[j][i] for _, j, i in keyed]
 
     def _take(self, n: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

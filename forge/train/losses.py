@@ -45,11 +45,13 @@ def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batc
     labels, keep = _targets(batch)
     logits = target_logits(model, batch, keep)
     ce = F.cross_entropy(logits, labels[keep], reduction="none")
-    taught = batch["teach"][:, 1:].to(keep.device)[keep] if "teach" in batch else None
-    if taught is None or not bool(taught.any()):
+    at = batch["teach"][:, 1:].to(keep.device) & keep if "teach" in batch else None  # (batch, seq_len - 1)
+    if at is None or not bool(at.any()):
         return ce.sum(), keep.sum(), ce.new_zeros(())
-    with torch.no_grad():
-        want = F.log_softmax(target_logits(teacher, batch, keep)[taught], dim=-1)
+    taught, rows = at[keep], at.any(dim=1)
+    with torch.no_grad():  # the teacher reads only the rows that hold replayed text, its head only their tokens
+        inputs = {k: batch[k][rows] for k in ("input_ids", "position_ids", "attention_mask") if k in batch}
+        want = F.log_softmax(target_logits(teacher, inputs, at[rows]), dim=-1)  # row-major: logits[taught]'s order
     kl = F.kl_div(F.log_softmax(logits[taught], dim=-1), want, log_target=True, reduction="none").sum(-1)
     total = ce.sum() - weight * ce[taught].sum() + weight * kl.sum()
     return total, keep.sum(), kl.detach().sum()

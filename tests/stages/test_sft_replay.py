@@ -116,7 +116,8 @@ def test_distilled_replay_keeps_the_start_models_predictions(tmp_path, tiny_chec
     learned = {name: qa_loss(path) for name, path in
                (("start", tiny_checkpoint), ("plain", plain.checkpoint), ("distilled", distilled.checkpoint))}
     print("answer loss on the chat data:", learned)
-    assert learned["distilled"] < 0.7 * learned["start"]  # the chat data is learned all the same
+    # the chat data is learned all the same (as with plain replay, its blocks spread over the steps)
+    assert learned["distilled"] < 0.8 * learned["start"] and learned["distilled"] < 1.05 * learned["plain"]
     assert all("replay_kl" in m for _, m in tracker.rows if "loss" in m)
 
 
@@ -149,3 +150,19 @@ def test_distilled_replay_from_the_base_loads_the_base_as_teacher(tmp_path, tiny
     KINDS["sft"].runner()(stage, StageInputs(first.checkpoint, sources, tmp_path / "second", null_tracker(),
                                              base=tiny_checkpoint, log=lambda *_: None))
     assert loaded == [tiny_checkpoint]  # the pipeline's base, not the stage's input (first.checkpoint)
+
+
+def test_distilled_replay_packs_apart_from_the_chat_examples():
+    """With replay_distill, a block holds replayed text or chat examples, never both (the teacher
+    reads only the rows that hold replay); every example is packed once an epoch."""
+    from forge.stages.sft import SftStream
+
+    examples = [{"input_ids": [5] * n, "labels": [5] * n, "record": ("qa", i)} for i, n in enumerate(range(3, 40, 3))]
+    examples += [{"input_ids": [7] * n, "labels": [7] * n, "teach": True, "record": ("text", i)}
+                 for i, n in enumerate(range(5, 30, 4))]
+    stream = SftStream(examples, seq_len=48, batch_size=2, packing="best_fit", pad_id=0, seed=0)
+    kinds = [{bool(ex_teach) for ex_teach, n in zip(b.get("teach", [False] * 48), range(sum(b["lengths"])))}
+             for b in stream.units]
+    assert kinds and all(len(k) == 1 for k in kinds)  # one kind of example per block
+    assert {True} in kinds and {False} in kinds
+    assert sorted(r for b in stream.units for r in b["records"]) == sorted(ex["record"] for ex in examples)

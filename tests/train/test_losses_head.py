@@ -62,7 +62,7 @@ def test_wrapped_or_unknown_models_take_the_full_path():
 
 def _teach(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     taught = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
-    taught[:, 15:] = True  # the second packed example of each row is replayed text
+    taught[[0, 2], 15:] = True  # the second packed example of rows 0 and 2 is replayed text (the teacher skips row 1)
     return {**batch, "teach": taught}
 
 
