@@ -321,8 +321,9 @@ class SftStage(PostTrainSettings):
     packing: Literal["best_fit", "pad"] = "best_fit"
     replay_distill: float = Field(
         0.0, ge=0, le=1, description="on replayed plain-text tokens, this share of the loss is the KL divergence from "
-        "replay_teacher's next-token distribution (distillation against forgetting; it runs the teacher forward each "
-        "step); 0: plain language modelling")
+        "replay_teacher's next-token distribution (distillation against forgetting; it runs the teacher forward on "
+        "the rows that hold replayed text, which best_fit packing keeps in blocks of their own); 0: plain language "
+        "modelling")
     replay_teacher: Literal["input", "base"] = Field(
         "input", description="replay_distill's teacher: the stage's input model, or the pipeline's base (the "
         "checkpoint the recipe starts from: what the retention check compares with)")

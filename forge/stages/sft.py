@@ -3,8 +3,9 @@ plain-text sources among them replayed as language modelling (forge.stages.repla
 
 Records become chat messages by their source's `chat:` mapping and are tokenized once with the
 chat template (forge.data.formats); each epoch the training examples are shuffled and packed
-best-fit into seq_len blocks whose position ids restart per example (forge.data.packing), or
-padded per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
+best-fit into seq_len blocks whose position ids restart per example (forge.data.packing; with
+`replay_distill`, the replayed text into blocks of its own, spread evenly over the epoch), or padded
+per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
 held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
 `lora:` is set. With `replay_distill`, the replayed text's loss is (in that share) the KL
 divergence from a frozen teacher: the stage's input model, or the pipeline's base
@@ -184,7 +185,7 @@ def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]],
     teacher, weight = s.frozen_input(base if stage.replay_teacher == "base" else None), stage.replay_distill
 
     def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Loss:
-        total, count, kl = distilled_lm_loss_sum(model, teacher, batch, weight)
+        total, count, kl = distilled_lm_loss_sum(model, teacher, batch, weight, collective=s.sharded)
         n = max(int(count), 1)
         return Loss(total / n, {"replay_kl": float(kl) / n})
     return loss

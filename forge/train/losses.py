@@ -37,20 +37,26 @@ def masked_lm_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
 
 def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batch: dict[str, torch.Tensor],
-                          weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          weight: float, collective: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """masked_lm_loss_sum where the tokens of `batch["teach"]` (replayed text) take, in place of
     `weight` of their cross-entropy, the KL divergence from `teacher`'s next-token distribution
     (distillation keeps its predictions on that text, not only its argmax; Learning without
-    Forgetting, Li & Hoiem 2016). Returns (sum, labelled tokens, the KL summed over the taught tokens)."""
+    Forgetting, Li & Hoiem 2016). The teacher reads only the rows that hold taught tokens;
+    `collective`: its forward is a collective (a sharded teacher), so it runs on every micro-batch,
+    on one row when none is taught. Returns (sum, labelled tokens, the KL summed over the taught tokens)."""
     labels, keep = _targets(batch)
     logits = target_logits(model, batch, keep)
     ce = F.cross_entropy(logits, labels[keep], reduction="none")
     at = batch["teach"][:, 1:].to(keep.device) & keep if "teach" in batch else None  # (batch, seq_len - 1)
     if at is None or not bool(at.any()):
+        if collective:  # every rank joins the teacher's all-gathers, taught tokens or not
+            with torch.no_grad():
+                target_logits(teacher, {"input_ids": batch["input_ids"][:1]}, keep[:1] & False)
         return ce.sum(), keep.sum(), ce.new_zeros(())
     taught, rows = at[keep], at.any(dim=1)
     with torch.no_grad():  # the teacher reads only the rows that hold replayed text, its head only their tokens
-        inputs = {k: batch[k][rows] for k in ("input_ids", "position_ids", "attention_mask") if k in batch}
+        inputs: dict[str, torch.Tensor] = {k: batch[k][rows] for k in ("input_ids", "position_ids", "attention_mask")
+                                           if k in batch}
         want = F.log_softmax(target_logits(teacher, inputs, at[rows]), dim=-1)  # row-major: logits[taught]'s order
     kl = F.kl_div(F.log_softmax(logits[taught], dim=-1), want, log_target=True, reduction="none").sum(-1)
     total = ce.sum() - weight * ce[taught].sum() + weight * kl.sum()

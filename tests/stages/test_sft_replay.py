@@ -165,4 +165,24 @@ def test_distilled_replay_packs_apart_from_the_chat_examples():
              for b in stream.units]
     assert kinds and all(len(k) == 1 for k in kinds)  # one kind of example per block
     assert {True} in kinds and {False} in kinds
+    taught = [k == {True} for k in kinds]  # spread evenly: each half of the epoch holds half of each kind
+    assert abs(sum(taught[: len(taught) // 2]) - sum(taught) / 2) <= 1
     assert sorted(r for b in stream.units for r in b["records"]) == sorted(ex["record"] for ex in examples)
+
+
+def test_without_distillation_an_epoch_packs_as_before():
+    """No replayed text to distil: one part, packed best-fit and shuffled by the epoch's generator,
+    exactly the blocks and order of a plain SFT stage (the reference trajectory depends on it)."""
+    import torch
+
+    from forge.data.packing import pack_best_fit
+    from forge.stages.post_data import epoch_generator
+    from forge.stages.sft import SftStream
+
+    examples = [{"input_ids": [5 + i % 7] * n, "labels": [5] * n, "record": ("qa", i)}
+                for i, n in enumerate([3, 17, 9, 30, 12, 5, 22, 8, 40, 2, 14, 6])]
+    stream = SftStream(examples, seq_len=48, batch_size=2, packing="best_fit", pad_id=0, seed=3)
+    g = epoch_generator(3, 0)
+    shuffled = [examples[i] for i in torch.randperm(len(examples), generator=g).tolist()]
+    blocks = pack_best_fit(shuffled, 48, 0)
+    assert stream.units == [blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()]

@@ -95,3 +95,20 @@ def test_distilled_loss_is_the_kl_from_the_teacher_on_taught_tokens():
     assert float(want_kl) > 1e-3 and torch.allclose(kl, want_kl, atol=1e-4)
     want = ce[~taught].sum() + 0.5 * ce[taught].sum() + 0.5 * want_kl
     assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("collective", [False, True])
+def test_the_teacher_skips_untaught_micro_batches_unless_its_forward_is_collective(collective):
+    """A micro-batch without replayed text costs no teacher forward, except with a sharded teacher,
+    whose forward every rank must join (one row, its result unused); the loss is the masked LM loss."""
+    model, batch, teacher = _model(), _batch(), _model()
+    calls = []
+    teacher.model.register_forward_hook(lambda m, a, out: calls.append(m))
+    got, n, kl = losses.distilled_lm_loss_sum(model, teacher, {**batch, "teach": torch.zeros_like(batch["input_ids"],
+                                                                                                   dtype=torch.bool)},
+                                              1.0, collective=collective)
+    assert len(calls) == int(collective) and float(kl) == 0.0
+    assert torch.allclose(got, losses.masked_lm_loss_sum(model, batch)[0], atol=1e-6)
+    calls.clear()
+    losses.distilled_lm_loss_sum(model, teacher, _teach(batch), 1.0, collective=collective)
+    assert len(calls) == 1  # taught rows: the teacher runs either way
