@@ -49,7 +49,8 @@ def stages(per_rank: int) -> list[dict]:
 def sharded_only() -> list[dict]:
     """What only the FSDP launch runs: LoRA SFT (merged), DPO with a live reference, RFT with a KL reference,
     pretraining with bf16 compute, activation checkpointing and CPU offload (gloo has bf16 collectives:
-    no GPU needed), and pretraining that carries the first stage's gathered AdamW moments over."""
+    no GPU needed), pretraining that carries the first stage's gathered AdamW moments over, and SFT
+    with distilled replay (a sharded teacher)."""
     common = {"seq_len": 64, "log_every": 1, "schedule": {"kind": "constant"}, "checkpoint": {"final_optimizer": False}}
     return [
         {"name": "lora", "kind": "sft", "data": ["qa"], "max_steps": 2, "batch_size": 2, "packing": "pad",
@@ -61,6 +62,10 @@ def sharded_only() -> list[dict]:
         pretrain_stage("opts", max_steps=2, batch_size=2, parallelism={
             "strategy": "fsdp", "mixed_precision": "bf16", "activation_checkpointing": True, "cpu_offload": True}),
         pretrain_stage("carry", max_steps=2, batch_size=2, optim={"lr": 1e-3, "carry_over": True}, **{"from": "cpt"}),
+        # distilled replay, one block a rank: at some steps one rank holds replay and the other answers,
+        # and the sharded teacher's forward (a collective) must still run on both
+        {"name": "distil", "kind": "sft", "data": ["qa", "general"], "max_steps": 14, "batch_size": 1,
+         "replay_distill": 1.0, **common},
     ]
 
 
@@ -169,7 +174,7 @@ def test_fsdp_and_ddp_on_two_processes_equal_one_process_step_by_step(runs, stag
 @pytest.mark.slow
 def test_lora_live_reference_rft_offload_and_carry_over_train_sharded_to_plain_outputs(runs, tiny_checkpoint):
     base = weights(tiny_checkpoint)
-    for stage in ("lora", "live", "rft", "opts", "carry"):
+    for stage in ("lora", "live", "rft", "opts", "carry", "distil"):
         final = runs["fsdp"] / stage / "final"
         trained = weights(final)
         assert trained.keys() == base.keys(), stage  # LoRA merged: the base's own tensors, no adapter
