@@ -51,13 +51,12 @@ def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batc
     if at is None or not bool(at.any()):
         if collective:  # every rank joins the teacher's all-gathers, taught tokens or not
             with torch.no_grad():
-                target_logits(teacher, {"input_ids": batch["input_ids"][:1]}, keep[:1] & False)
+                target_logits(teacher, {"input_ids": batch["input_ids"][:1]}, torch.zeros_like(keep[:1]))
         return ce.sum(), keep.sum(), ce.new_zeros(())
     taught, rows = at[keep], at.any(dim=1)
     with torch.no_grad():  # the teacher reads only the rows that hold replayed text, its head only their tokens
-        inputs: dict[str, torch.Tensor] = {k: batch[k][rows] for k in ("input_ids", "position_ids", "attention_mask")
-                                           if k in batch}
-        want = F.log_softmax(target_logits(teacher, inputs, at[rows]), dim=-1)  # row-major: logits[taught]'s order
+        rows_only = {k: v[rows] for k, v in batch.items()}
+        want = F.log_softmax(target_logits(teacher, rows_only, at[rows]), dim=-1)  # row-major: logits[taught]'s order
     kl = F.kl_div(F.log_softmax(logits[taught], dim=-1), want, log_target=True, reduction="none").sum(-1)
     total = ce.sum() - weight * ce[taught].sum() + weight * kl.sum()
     return total, keep.sum(), kl.detach().sum()
