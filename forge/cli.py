@@ -9,11 +9,14 @@ import signal
 import sys
 from pathlib import Path
 
-# OpenMP threads that wait for work sleep instead of spinning: with as many threads as cores
-# (torch's default), a spinning thread whose core another process holds stalls every parallel
-# region; on a shared 2-core machine a tiny model's training step took 4.6 s spinning, 0.43 s
-# passive. Set before torch loads (it reads the policy once); a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads that wait for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux):
+# unset, they spin 300,000 rounds, so a thread whose core another process holds stalls every
+# parallel region; PASSIVE (never spin) pays a wake-up on every region instead. forge-tiny's SFT
+# step (batch 4 x 256, 2 threads, 2 cores): idle 85 ms unset, 134 PASSIVE, 92 at 3,000; with
+# a busy loop on the other core 600, 185 and 222 ms. Set before torch loads (libgomp reads it
+# once); a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 from forge.errors import ForgeError
 from forge.progress import phase, say
