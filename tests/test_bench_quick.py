@@ -27,6 +27,8 @@ QUICK = {
     "bench_plan.py": ([], [], False),
     "bench_data.py": (["--workers", "1,2", "--quick"], [], False),  # runs bench_workers.py
     "bench_memory.py": (["--quick"], [], False),
+    "bench_omp.py": (["--quick"], ["libgomp default (spin 300,000), idle", "GOMP_SPINCOUNT=3000 (forge), idle",
+                                   "OMP_WAIT_POLICY=PASSIVE (never spin), a busy loop on one core"], False),
 }
 NO_QUICK_YET = {"bench_workers.py"}  # a module of bench_data.py --workers (its quick mode above)
 
