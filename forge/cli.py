@@ -9,12 +9,11 @@ import signal
 import sys
 from pathlib import Path
 
-# OpenMP threads that wait for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux):
-# unset, they spin 300,000 rounds, so a thread whose core another process holds stalls every
-# parallel region; PASSIVE (never spin) pays a wake-up on every region instead. forge-tiny's SFT
-# step (batch 4 x 256, 2 threads, 2 cores): idle 85 ms unset, 134 PASSIVE, 92 at 3,000; with
-# a busy loop on the other core 600, 185 and 222 ms. Set before torch loads (libgomp reads it
-# once); a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+# OpenMP threads that wait for work spin briefly, then sleep (libgomp, torch's OpenMP on Linux).
+# Unset, they spin 300,000 rounds: a thread whose core another process holds stalls every parallel
+# region (forge-tiny's step 4.3x slower with one core busy, bench/bench_omp.py); PASSIVE (never spin)
+# pays a wake-up on every region, 1.4x slower on idle cores. Set before torch loads (libgomp reads
+# it once); a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 

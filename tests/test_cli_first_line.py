@@ -75,3 +75,18 @@ def test_the_first_line_comes_before_the_heavy_libraries(command, recipe, tmp_pa
 def test_run_says_what_it_runs_first(recipe, tmp_path):
     line = first_line(["run", str(recipe)], tmp_path)["line"]
     assert line == f"forge run {recipe}: tiny, 1 stage(s): cpt (pretrain); output {recipe.parent / 'out'}"
+
+
+@pytest.mark.parametrize("given, want", [({}, ("3000", None)),
+                                         ({"GOMP_SPINCOUNT": "50"}, ("50", None)),
+                                         ({"OMP_WAIT_POLICY": "PASSIVE"}, (None, "PASSIVE"))])
+def test_the_cli_lets_openmp_threads_spin_briefly_unless_the_user_chose(given, want):
+    """libgomp reads its wait settings when torch loads, so forge.cli sets them at import: a short
+    spin (bench/bench_omp.py), never over the user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = "import json, os, forge.cli; print(json.dumps([os.environ.get(k) for k in ('GOMP_SPINCOUNT', 'OMP_WAIT_POLICY')]))"
+    done = subprocess.run([sys.executable, "-c", code], env={**env, **given, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert tuple(json.loads(done.stdout)) == want, done.stderr
