@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from forge.data.sources import name_records
+from forge.train.denormals import flush_denormals
 from forge.train.meter import Meter
 from forge.train.progress import phase, progress, say
 from forge.train.result import StageResult
@@ -176,7 +177,13 @@ def _log_trip(tracker: Tracker, guard: DivergenceGuard, step: int, message: str)
 
 def fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
     """Train the session's model on the task to `s.total_steps`; save `out_dir/final` and return
-    the metrics (the kind's, the loop's: loss, tokens, throughput, memory, guard skips)."""
+    the metrics (the kind's, the loop's: loss, tokens, throughput, memory, guard skips). On a CPU,
+    denormal floats are flushed to zero meanwhile unless the stage sets `flush_denormals: false`."""
+    with flush_denormals(s.settings.flush_denormals and s.device.type == "cpu"):
+        return _fit(s, task, tracker)
+
+
+def _fit(s: Session, task: Task, tracker: Tracker) -> StageResult:
     cfg = s.settings
     guard = DivergenceGuard(cfg.guard, f"stage {cfg.name}", lambda records: name_records(task.sources, records))
     state = TrainState(s.optimizer, s.scheduler, task.data, guard)
