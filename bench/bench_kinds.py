@@ -12,7 +12,9 @@ RFT (GRPO): (a) the update: forge's optimizer steps (its training time: rollouts
 step, untimed) ÷ a bare clipped policy-gradient step on the very rollouts forge made (captured);
 (b) the whole loop: forge's rollouts + steps ÷ the same generation (Hugging Face `generate`, same
 sampling), reward, group advantages, old log-probs and update written bare; completion tokens per
-second. Contenders alternate, the median of `--repeats` counts.
+second. Every bare loop flushes denormals in every thread, as forge's loop does on a CPU
+(forge/train/denormals.py), so the ratios stay forge's machinery against none. Contenders
+alternate, the median of `--repeats` counts.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from benchlib import REPO, machine_line, median, print_table, quiet_libraries, runs, scratch_base  # noqa: E402
+from forge.train.denormals import flush_denormals  # noqa: E402
 
 REWARD = REPO / "tests" / "stages" / "rft_rewards.py"
 
@@ -88,15 +91,16 @@ def bare_dpo(base: Path, sources: dict, args) -> float:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    start = time.perf_counter()
-    for b, r in zip(batches, refs):
-        pol = reply_logps(model, b)
-        margin = (pol[:, 0] - r[:, 0]) - (pol[:, 1] - r[:, 1])
-        (-F.logsigmoid(stage.beta * margin).mean()).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - start
+    with flush_denormals():  # as forge's loop on a CPU
+        start = time.perf_counter()
+        for b, r in zip(batches, refs):
+            pol = reply_logps(model, b)
+            margin = (pol[:, 0] - r[:, 0]) - (pol[:, 1] - r[:, 1])
+            (-F.logsigmoid(stage.beta * margin).mean()).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
     return sum(int(b["attention_mask"].sum()) for b in batches) / seconds
 
 
@@ -185,15 +189,22 @@ def bare_update(base: Path, captured: list[list[dict]], clip_eps: float) -> floa
     with torch.no_grad():  # forge's policy has run the rollout's forward passes before its first step: so has this
         b = captured[0][0]
         model(input_ids=b["ids"], attention_mask=b["mask"], use_cache=False)
-    start = time.perf_counter()
-    for micro in captured:
-        for b in micro:
-            grpo_step(model, opt, b, clip_eps)
-    return time.perf_counter() - start
+    with flush_denormals():  # as forge's loop on a CPU
+        start = time.perf_counter()
+        for micro in captured:
+            for b in micro:
+                grpo_step(model, opt, b, clip_eps)
+        return time.perf_counter() - start
 
 
 def bare_loop(base: Path, prompts: list[str], args) -> tuple[float, int]:
-    """Generation, reward, advantages, old log-probs and the step, written bare: (seconds, completion tokens)."""
+    """Generation, reward, advantages, old log-probs and the step, written bare: (seconds, completion
+    tokens); denormals flushed throughout, as forge's loop does on a CPU."""
+    with flush_denormals():
+        return bare_rft(base, prompts, args)
+
+
+def bare_rft(base: Path, prompts: list[str], args) -> tuple[float, int]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from forge.data.formats import ChatEncoder, FormatSpec

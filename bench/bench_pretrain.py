@@ -3,8 +3,8 @@
     python bench/bench_pretrain.py [--steps 40] [--repeats 3] [--quick]
 
 (a) forge: the full stage (mixing and packing on the fly, accelerate, grad clipping, LR schedule,
-metrics to a real MLflow SQLite store); (b) bare: forward, backward, optimizer step over blocks
-packed beforehand. Runs alternate a/b and the median of each is compared (the machine is noisy).
+metrics to a real MLflow SQLite store); (b) bare: forward, backward, clip, optimizer step over blocks
+packed beforehand, with denormals flushed as forge's loop flushes them on a CPU (forge/train/denormals.py). Runs alternate a/b and the median of each is compared (the machine is noisy).
 Prints tokens/s of each and forge's overhead, then the side-by-side table (bench/benchlib.py).
 `--quick`: a 2-layer hidden-64 model, 4 steps, one run each, no MLflow store (CI).
 """
@@ -30,23 +30,27 @@ from forge.scratch import build_scratch_base  # noqa: E402
 from forge.stages import pretrain  # noqa: E402
 from forge.stages.result import StageInputs  # noqa: E402
 from forge.track import MlflowTracker as Tracker, null_tracker  # noqa: E402
+from forge.train.denormals import flush_denormals  # noqa: E402
 
 
 def bare_loop(checkpoint: Path, blocks: list[torch.Tensor], lr: float) -> float:
-    """Forward, backward, step; nothing else. Returns seconds for the loop."""
+    """Forward, backward, clip (forge's default `optim.grad_clip: 1.0`), step; nothing else
+    (denormals flushed in every thread, as forge's loop does on a CPU). Returns seconds for the loop."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    start = time.perf_counter()
-    for x in blocks:
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+    with flush_denormals():
+        start = time.perf_counter()
+        for x in blocks:
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from forge_testing import REPO, SHARED
 QUICK = {
     "bench_pretrain.py": (["--quick"], ["bare loop (same blocks)", "forge pretrain stage"], False),
     "bench_sft.py": (["--quick"], ["forge (packed best-fit)", "bare loop (same packed batches)",
-                                   "TRL SFTTrainer defaults", "HF Trainer (padded)"], True),
+                                   "bare loop, denormals not flushed", "TRL SFTTrainer defaults", "HF Trainer (padded)"], True),
     "bench_kinds.py": (["--quick"], ["DPO: forge DPO stage", "RFT the steps on forge's rollouts: forge",
                                      "RFT rollouts + steps: forge"], False),
     "bench_fsdp.py": (["--quick"], ["ddp: tokens/s (2 ranks)", "fsdp: tokens/s (2 ranks)",
