@@ -31,7 +31,7 @@ from pathlib import Path
 from forge.errors import ForgeError
 from forge.progress import phase
 from forge.track import view
-from forge.track.tracker import check_store_uri
+from forge.track.store import check_store_uri
 
 DEFAULT_PORT = 5050  # not 5000: macOS gives that to AirPlay
 MODEL_TRAINING = view.MODEL_TRAINING  # MLflow 3 opens experiments in its GenAI layout otherwise

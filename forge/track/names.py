@@ -1,5 +1,6 @@
 """forge's figures as MLflow shows them: metric names grouped in chart sections, single figures as
-a person reads them, params flattened; and MLflow's limits on params and batches. No MLflow import."""
+a person reads them, params flattened, the params whose new value a run could not keep; and
+MLflow's limits on params and batches. No MLflow import."""
 from __future__ import annotations
 
 import json
@@ -60,4 +61,18 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
             out.update(flatten(v, f"{prefix}.{i}" if prefix else str(i)))
     else:
         out[prefix] = json.dumps(tree) if isinstance(tree, (list, tuple)) else str(tree)
+    return out
+
+
+KEPT_TAG = "forge.params_kept"  # params a run kept with their earlier value ("name: old (now new); ...")
+
+
+def param_conflicts(existing: dict[str, str], new: dict[str, str]) -> list[str]:
+    """'name: old (now new)' for each param in both whose value differs (as MLflow stores it:
+    keys and values cut to MLflow's lengths)."""
+    out = []
+    for key, value in new.items():
+        k, v = key[:MAX_PARAM_KEY], str(value)[:MAX_PARAM_VALUE]
+        if k in existing and existing[k] != v:
+            out.append(f"{k}: {existing[k]} (now {v})")
     return out

@@ -1,11 +1,13 @@
 """The tracking store: a SQLite store created whole (in a temporary file linked into place) and
-checked before use, a server reached without MLflow's minute of retries, MLflow's logging quieted."""
+checked before use, a file where a store folder belongs refused, a server reached without MLflow's
+minute of retries, MLflow's logging quieted."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import sqlite3
+import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
@@ -98,3 +100,14 @@ def quiet_mlflow() -> None:
     import mlflow  # noqa: F401  (imported first: importing it resets its logger's level)
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+def check_store_uri(uri: str) -> None:
+    """A file-store URI (a path, or file://) that names an existing file, not a folder, is refused
+    in one line before MLflow is asked (it would call it a deprecated file store and fail later)."""
+    if "://" in uri and not uri.startswith("file://"):
+        return
+    path = Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path) if uri.startswith("file://") else uri)
+    if path.is_file():
+        raise ForgeError(f"tracking.uri {uri}: {path} is a file, not an MLflow store; give sqlite:///PATH.db "
+                         "(forge creates it), a tracking server's http(s):// URL, or a database URI")

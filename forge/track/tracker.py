@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -33,9 +32,9 @@ from forge.errors import ForgeError
 from forge.scrub import scrub, scrub_dict, scrub_tree
 from forge.track import registry
 from forge.track.experiment import after_run, use_experiment
-from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_EVERY_S, METRICS_PER_BATCH,
-                               PARAMS_PER_BATCH, flatten, metric_name, summary_value)
-from forge.track.store import fail_fast, prepare_sqlite_store
+from forge.track.names import (KEPT_TAG, MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_EVERY_S, METRICS_PER_BATCH,
+                               PARAMS_PER_BATCH, flatten, metric_name, param_conflicts, summary_value)
+from forge.track.store import check_store_uri, fail_fast, prepare_sqlite_store
 
 
 class MlflowTracker:
@@ -129,7 +128,7 @@ class MlflowTracker:
         status = "FINISHED"
         try:
             yield run.info.run_id
-            self.flush_metrics()  # in the body: a store failing now fails the run (on_error: fail)
+            self._send_metrics()  # in the body: a store failing now fails the run (on_error: fail)
         except BaseException as e:
             stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "stopped_on_request", False)
             status = "KILLED" if stopped else "FAILED"
@@ -144,7 +143,7 @@ class MlflowTracker:
         finally:
             # the run always ends, whatever else fails here: nothing is left RUNNING
             with contextlib.suppress(Exception):  # a failing store: said below, or by the error that got us here
-                self.flush_metrics()
+                self._send_metrics()
             self._flush()
             if self._pending:
                 print(f"forge: warning: {len(self._pending)} record(s) could not be logged to the MLflow store "
@@ -226,15 +225,13 @@ class MlflowTracker:
                 self._call("metrics", self._mlflow.log_metrics, dict(items[i:i + METRICS_PER_BATCH]), step=step,
                            synchronous=self.on_error == "buffer")
             return
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         rows = self._rows.setdefault(active.info.run_id, [])
-        rows.extend(Metric(k, v, now, step or 0) for k, v in items)
+        rows.extend(self._mlflow.entities.Metric(k, v, now, step or 0) for k, v in items)
         if time.monotonic() - self._sent_at >= METRICS_EVERY_S or len(rows) >= METRICS_PER_BATCH:
-            self.flush_metrics()
+            self._send_metrics()
 
-    def flush_metrics(self) -> None:
+    def _send_metrics(self) -> None:
         """Send the metric rows held back (asynchronously: a training step never waits on the store;
         `run` waits for them as the run ends)."""
         if not self.enabled:
@@ -390,31 +387,6 @@ def _signals_deferred() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)
-
-
-def check_store_uri(uri: str) -> None:
-    """A file-store URI (a path, or file://) that names an existing file, not a folder, is refused
-    in one line before MLflow is asked (it would call it a deprecated file store and fail later)."""
-    if "://" in uri and not uri.startswith("file://"):
-        return
-    path = Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path) if uri.startswith("file://") else uri)
-    if path.is_file():
-        raise ForgeError(f"tracking.uri {uri}: {path} is a file, not an MLflow store; give sqlite:///PATH.db "
-                         "(forge creates it), a tracking server's http(s):// URL, or a database URI")
-
-
-KEPT_TAG = "forge.params_kept"  # params a run kept with their earlier value ("name: old (now new); ...")
-
-
-def param_conflicts(existing: dict[str, str], new: dict[str, str]) -> list[str]:
-    """'name: old (now new)' for each param in both whose value differs (as MLflow stores it:
-    keys and values cut to MLflow's lengths)."""
-    out = []
-    for key, value in new.items():
-        k, v = key[:MAX_PARAM_KEY], str(value)[:MAX_PARAM_VALUE]
-        if k in existing and existing[k] != v:
-            out.append(f"{k}: {existing[k]} (now {v})")
-    return out
 
 
 def null_tracker() -> MlflowTracker:

@@ -13,6 +13,7 @@ all export), where each thread sets its own and notes what it had, to put back o
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,13 +47,11 @@ def flush_denormals(enabled: bool = True) -> Iterator[None]:
 def _on_every_thread(setting: bool | dict[int, bool]) -> dict[int, bool]:
     """Set the flag on every thread (one value, or each thread's own from an earlier call, by
     native thread id); return what each had."""
-    had: dict[int, bool] = {}
-    lock = threading.Lock()
+    had: dict[int, bool] = {}  # each thread writes its own key, holding the GIL (ctypes takes it)
 
     def apply(_: Any) -> None:
         me = threading.get_native_id()
-        with lock:
-            had[me] = flushing()
+        had[me] = flushing()
         want = setting if isinstance(setting, bool) else setting.get(me, False)
         torch.set_flush_denormal(want)
 
@@ -65,6 +64,7 @@ def _on_every_thread(setting: bool | dict[int, bool]) -> dict[int, bool]:
     return had
 
 
+@functools.cache  # the runtime torch loaded stays loaded
 def _gomp_parallel() -> Any:
     """The OpenMP runtime's GOMP_parallel(fn, data, threads, flags) in this process (torch's own
     where several are loaded), or None (not Linux, or torch built without OpenMP)."""
