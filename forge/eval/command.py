@@ -7,7 +7,8 @@
                                             YAML with data: (sources, as in a recipe) and eval:
 
 Deltas are against the first model. --json / --markdown / --chart write the table as JSON,
-Markdown and a PNG; the recipe's gates are checked on the last model, and --strict exits 1 if
+Markdown and a PNG, each into a folder that exists, outside run folders, Novellas and the models
+compared, replacing only a report forge eval wrote (or any file, with --overwrite); the recipe's gates are checked on the last model, and --strict exits 1 if
 one fails. With a recipe, the run's folder is refused while a `forge run` holds it (and held
 while evaluating); when the run is tracked, the evaluation is an MLflow run of its own, nested
 under the run's parent: its figures, the table and the chart (the run's own runs are not changed).
@@ -40,6 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the comparison as a Markdown table")
     p.add_argument("--chart", metavar="FILE", help="write a PNG chart of each metric across the models")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --json/--markdown/--chart replace a file forge eval did not write")
     p.add_argument("--strict", action="store_true", help="exit 1 when a gate fails")
 
 
@@ -120,6 +123,8 @@ def run(args) -> int:
 
     if bool(args.recipe) == bool(args.models):
         raise ForgeError("give a recipe, or --models with --suite")
+    models = [] if args.recipe else list(_models_arg(args.models).values())
+    _reports(args, models)  # refused before any work, as any of them would be at the end
     quiet_libraries()
     if args.recipe:
         from forge.recipe import load_recipe
@@ -135,6 +140,14 @@ def run(args) -> int:
     spec, sources = _load_suite(args.suite)
     suite, models = resolve_suite(spec.eval, [], spec.data), _models_arg(args.models)
     return _compare(args, suite, sources, models, None)
+
+
+def _reports(args, models: list[Path]) -> dict[str, Path]:
+    """{option: path} of the reports asked for, each checked (forge.eval.outputs)."""
+    from forge.eval.outputs import check_reports
+
+    wanted = {"--json": args.json, "--markdown": args.markdown, "--chart": args.chart}
+    return check_reports(wanted, models, args.overwrite)
 
 
 def _evaluate_run(args, recipe) -> int:
@@ -155,7 +168,8 @@ def _compare(args, suite, sources, models, tracked) -> int:
     (recipe, parent run id), log the evaluation as its own MLflow run under the run's parent."""
     from forge.eval.finish import Evaluation, log_comparison
     from forge.eval.gates import check_gates
-    from forge.eval.report import format_table, plot, to_markdown, write_json
+    from forge.eval.outputs import write_report
+    from forge.eval.report import chart_png, format_table, json_report, markdown_report
     from forge.eval.suite import primary_metric, run_suite
 
     comparison = run_suite(models, suite, sources, log=lambda m: print(m, file=sys.stderr))
@@ -164,12 +178,11 @@ def _compare(args, suite, sources, models, tracked) -> int:
     for g in ev.gates:
         print(f"gate {g.text}")
     extra = {"primary": ev.primary, "gates": [g.as_dict() for g in ev.gates], "passed": ev.passed}
-    if args.json:
-        write_json(comparison, args.json, extra)
-    if args.markdown:
-        Path(args.markdown).write_text(to_markdown(comparison))
-    if args.chart:
-        plot(comparison, args.chart)
+    # checked again: the evaluation took a while, and what is at each path may have changed meanwhile
+    write = {"--json": lambda: json_report(comparison, extra), "--markdown": lambda: markdown_report(comparison),
+             "--chart": lambda: chart_png(comparison)}
+    for flag, path in _reports(args, list(models.values())).items():
+        write_report(path, write[flag]())
     if tracked:
         from forge.track import MlflowTracker
 

@@ -59,19 +59,36 @@ def to_markdown(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(c: Comparison, path: str | Path, extra: dict | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**c.as_dict(), **(extra or {})}, indent=2))
-    return path
+def json_report(c: Comparison, extra: dict | None = None) -> bytes:
+    """The comparison as `forge eval --json` writes it (its `schema` key tells forge it wrote the file)."""
+    return (json.dumps({**c.as_dict(), **(extra or {})}, indent=2) + "\n").encode()
+
+
+def markdown_report(c: Comparison) -> bytes:
+    """The Markdown table as `forge eval --markdown` writes it, marked (invisibly) as forge's."""
+    from forge.eval.outputs import MARKDOWN_MARK
+
+    return (to_markdown(c) + "\n" + MARKDOWN_MARK + "\n").encode()
 
 
 def plot(c: Comparison, path: str | Path) -> Path:
-    """One small panel per metric, the models along the x axis in order."""
+    """The chart (chart_png) written to `path`, whose folder exists."""
+    path = Path(path)
+    path.write_bytes(chart_png(c))
+    return path
+
+
+def chart_png(c: Comparison) -> bytes:
+    """One small panel per metric, the models along the x axis in order; a PNG whose `Software`
+    text names forge eval (how `forge eval --chart` knows a file it may replace)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from forge.eval.outputs import PNG_SOFTWARE
 
     names = c.names() or ["(no metrics)"]
     cols = min(3, len(names))
@@ -86,8 +103,7 @@ def plot(c: Comparison, path: str | Path) -> Path:
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
-    return path
+    return buffer.getvalue()

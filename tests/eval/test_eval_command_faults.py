@@ -75,3 +75,106 @@ def test_log_summary_says_when_a_param_keeps_its_earlier_value(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "data.peak_rss_mb" in err and "100" in err and "120" in err
     assert mlflow.get_run(run_id).data.tags["forge.params_kept"].startswith("data.peak_rss_mb: 100 (now 120)")
+
+
+# ------------------------------------------------------------------------- issue 34: item 5
+import json  # noqa: E402
+import os  # noqa: E402
+
+from forge_testing import refusal  # noqa: E402
+
+
+@pytest.fixture
+def suite(tmp_path):
+    """A suite file: held-out perplexity on a little generated text (seconds on the tiny model)."""
+    spec = {"data": {"general": {"generate": {"kind": "stories", "documents": 40}}},
+            "eval": {"perplexity": ["general"], "domain": [], "general": [], "seq_len": 32, "max_blocks": 2}}
+    return write_recipe(tmp_path / "suite.yaml", spec)
+
+
+def _eval(model, suite, *flags) -> list[str]:
+    return ["eval", "--models", str(model), "--suite", str(suite), *flags]
+
+
+def _novella_and_run(tmp_path):
+    """A Novella and a run folder as forge marks them (lineage.json; run.json), with a file each."""
+    novella, run = tmp_path / "runs" / "x" / "novella", tmp_path / "runs" / "x"
+    novella.mkdir(parents=True)
+    (novella / "lineage.json").write_text("{}")
+    (novella / "config.json").write_text('{"model_type": "llama"}')
+    (run / "run.json").write_text('{"status": "finished"}')
+    return novella, run
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown", "--chart"])
+def test_eval_reports_never_go_into_a_novella_or_a_run_folder(tiny_checkpoint, suite, tmp_path, capsys, flag):
+    novella, run = _novella_and_run(tmp_path)
+    for target in (novella / "config.json", run / "report.out", novella / "new.out"):
+        for extra in ([], ["--overwrite"]):
+            capsys.readouterr()
+            assert cli.main(_eval(tiny_checkpoint, suite, flag, str(target), *extra)) == 2
+            err = refusal(capsys.readouterr().err)
+            assert err.startswith(f"forge: error: {flag} {target}: inside ")
+            assert ("the Novella" if "novella" in str(target) else "the forge run folder") in err
+    assert (novella / "config.json").read_text() == '{"model_type": "llama"}'
+    assert _listing(run) == ["novella", "novella/config.json", "novella/lineage.json", "run.json"]
+
+
+def test_eval_report_into_a_missing_folder_is_refused_and_not_created(tiny_checkpoint, suite, tmp_path, capsys):
+    target = tmp_path / "reports" / "today" / "e.json"
+    assert cli.main(_eval(tiny_checkpoint, suite, "--json", str(target))) == 2
+    err = refusal(capsys.readouterr().err)
+    assert err == f"forge: error: --json {target}: the folder {tmp_path / 'reports'} does not exist; create it first\n"
+    assert not (tmp_path / "reports").exists()
+
+
+def test_eval_reports_replace_only_forge_reports_unless_overwrite(tiny_checkpoint, suite, tmp_path, capsys):
+    mine = tmp_path / "notes.md"
+    mine.write_text("my notes\n")
+    assert cli.main(_eval(tiny_checkpoint, suite, "--markdown", str(mine))) == 2
+    err = refusal(capsys.readouterr().err)
+    assert err.startswith(f"forge: error: --markdown {mine}: a file forge eval did not write") and "--overwrite" in err
+    assert mine.read_text() == "my notes\n"
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    flags = ["--json", str(reports / "e.json"), "--markdown", str(reports / "e.md"), "--chart", str(reports / "e.png")]
+    for _ in range(2):  # the second run replaces the first one's reports: forge wrote them
+        assert cli.main(_eval(tiny_checkpoint, suite, *flags)) == 0, capsys.readouterr().err
+    assert _listing(reports) == ["e.json", "e.md", "e.png"]  # no temporary file left beside them
+    assert json.loads((reports / "e.json").read_text())["schema"] == "forge.eval/1"
+    assert "| ppl.general |" in (reports / "e.md").read_text()
+    assert (reports / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+    assert cli.main(_eval(tiny_checkpoint, suite, "--markdown", str(mine), "--overwrite")) == 0
+    assert "| ppl.general |" in mine.read_text()
+
+
+def test_eval_reports_refuse_a_folder_a_link_or_one_file_twice(tiny_checkpoint, suite, tmp_path, capsys):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    cases = [(["--json", str(tmp_path / "dir")], "a folder, not a file"),
+             (["--json", str(tmp_path / "link.json")], "a symbolic link"),
+             (["--json", str(tmp_path / "r.out"), "--markdown", str(tmp_path / "r.out")], "the same file")]
+    for flags, said in cases:
+        assert cli.main(_eval(tiny_checkpoint, suite, *flags, "--overwrite")) == 2
+        err = refusal(capsys.readouterr().err)
+        assert said in err and "unexpected" not in err, err
+    assert (tmp_path / "real.json").read_text() == "{}" and (tmp_path / "link.json").is_symlink()
+
+
+def test_a_report_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
+    from forge.eval import outputs
+
+    old = tmp_path / "e.json"
+    old.write_text('{"schema": "forge.eval/1"}')
+
+    def half(fd, data):  # the disk fills halfway through the write
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(outputs, "_write_all", half)
+    with pytest.raises(OSError):
+        outputs.write_report(old, b'{"schema": "forge.eval/1", "models": []}')
+    assert old.read_text() == '{"schema": "forge.eval/1"}' and os.listdir(tmp_path) == ["e.json"]
