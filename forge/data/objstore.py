@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import os
 from pathlib import Path
-from typing import Iterator
 
 from forge.errors import ForgeError
 
@@ -27,7 +26,56 @@ def _split(url: str) -> tuple[str, str, str]:
     bucket, _, key = rest.partition("/")
     if not bucket:
         raise ForgeError(f"{url}: no bucket in the address (expected {scheme}://BUCKET/KEY-OR-GLOB)")
+    if bucket in (".", "..") or "\\" in bucket:  # the bucket is a folder of the local mirror too
+        raise ForgeError(f"{url}: {bucket!r} is not a bucket name")
     return scheme, bucket, key
+
+
+def _unsafe(key: str, prefix: str) -> str | None:
+    """Why an object key cannot be a path under a local folder, or None when it can. A key is any
+    string: joined onto a folder, `..` segments or a leading `/` would place its copy anywhere, and
+    `.`, empty segments and backslashes would make two keys one file (or climb on Windows)."""
+    if not key.startswith(prefix):
+        return f"is outside the prefix {prefix!r} that was listed"
+    if key.startswith("/"):
+        return "is absolute (starts with '/')"
+    if "\\" in key:
+        return "has a backslash"
+    if "\0" in key:
+        return "has a NUL character"
+    segments = key.split("/")
+    for bad, why in (("..", "has a '..' segment"), (".", "has a '.' segment"), ("", "has an empty segment ('//')")):
+        if bad in segments:
+            return why
+    return None
+
+
+def _checked(scheme: str, bucket: str, found: list[tuple[str, str]], prefix: str) -> list[tuple[str, str]]:
+    """`found` without folder markers (keys ending in '/': nothing to copy), every other key safe to
+    copy under a local folder; one unsafe key refuses them all, before anything is copied."""
+    keep = []
+    for key, etag in found:
+        if key.endswith("/"):
+            continue
+        why = _unsafe(key, prefix)
+        if why is not None:
+            raise ForgeError(f"{_name(scheme, bucket, key)}: refused: this object's key {why}, so its copy could "
+                             "land outside the local folder (or on another object's copy); nothing was copied")
+        keep.append((key, etag))
+    return keep
+
+
+def _name(scheme: str, bucket: str, key: str) -> str:
+    """An object's address for a message; a key with control characters quoted so it stays one line."""
+    return f"{scheme}://{bucket}/{key}" if key.isprintable() else f"{scheme}://{bucket}/{key!r}"
+
+
+def _inside(folder: Path, rel: str, name: str) -> Path:
+    """`folder / rel`, checked to stay in `folder` (the keys are checked already: this is the last guard)."""
+    dest = folder / rel
+    if not Path(os.path.normpath(dest)).is_relative_to(os.path.normpath(folder)) or dest == folder:
+        raise ForgeError(f"{name}: refused: its copy would land outside {folder}")
+    return dest
 
 
 def _matches(key: str, pattern: str, data_suffixes: tuple[str, ...]) -> bool:
@@ -39,8 +87,9 @@ def _matches(key: str, pattern: str, data_suffixes: tuple[str, ...]) -> bool:
     return key.startswith(folder) and key.lower().endswith(data_suffixes)
 
 
-def _listing(url: str, data_suffixes: tuple[str, ...]) -> Iterator[tuple[str, str]]:
-    """(key, etag) of every object the address names, in key order."""
+def _listing(url: str, data_suffixes: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, etag) of every object the address names, in key order; a key that cannot be copied
+    safely under a local folder is a ForgeError naming it (forge.data.objstore._unsafe)."""
     scheme, bucket, pattern = _split(url)
     prefix = pattern
     for i, c in enumerate(pattern):
@@ -57,7 +106,7 @@ def _listing(url: str, data_suffixes: tuple[str, ...]) -> Iterator[tuple[str, st
         fs = _fsspec(scheme, url)
         found = [(p.split("/", 1)[1], str(info.get("etag") or info.get("md5Hash") or info.get("size")))
                  for p, info in fs.find(f"{bucket}/{prefix}", detail=True).items()]
-    yield from sorted((k, e) for k, e in found if _matches(k, pattern, data_suffixes))
+    return _checked(scheme, bucket, sorted((k, e) for k, e in found if _matches(k, pattern, data_suffixes)), prefix)
 
 
 def _s3():
@@ -82,18 +131,22 @@ def mirror(url: str, root: Path, data_suffixes: tuple[str, ...]) -> tuple[Path, 
     scheme, bucket, _ = _split(url)
     out = []
     for key, etag in _listing(url, data_suffixes):
-        local = root / scheme / bucket / key
+        name = _name(scheme, bucket, key)
+        local = _inside(root / scheme / bucket, key, name)
         tag = local.with_name(local.name + ".etag")
-        if not (local.is_file() and tag.is_file() and tag.read_text() == etag):
-            local.parent.mkdir(parents=True, exist_ok=True)
-            part = local.with_name(local.name + ".partial")
-            try:
-                _download(scheme, url, bucket, key, part)
-            except ForgeError:
-                part.unlink(missing_ok=True)
-                raise
-            os.replace(part, local)
-            tag.write_text(etag)
+        try:
+            if not (local.is_file() and tag.is_file() and tag.read_text() == etag):
+                local.parent.mkdir(parents=True, exist_ok=True)
+                part = local.with_name(local.name + ".partial")
+                try:
+                    _download(scheme, url, bucket, key, part)
+                except ForgeError:
+                    part.unlink(missing_ok=True)
+                    raise
+                os.replace(part, local)
+                tag.write_text(etag)
+        except OSError as e:  # a key that is a file here and a folder there (`a` and `a/b`), a name too long
+            raise ForgeError(f"{name}: cannot copy it to {local} ({e.strerror or e})") from None
         out.append(local)
     return tuple(out)
 
@@ -123,8 +176,12 @@ def get_dir(url: str, local: Path, marker: str) -> bool:
         return False
     scheme = url.split("://", 1)[0]
     for k in found:
-        dest = local / k[len(key):]
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        name = _name(scheme, bucket, k)
+        dest = _inside(local, k[len(key):], name)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ForgeError(f"{name}: cannot copy it to {dest} ({e.strerror or e})") from None
         _download(scheme, url, bucket, k, dest)
     return True
 

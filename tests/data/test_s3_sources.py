@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import urllib.request
 
 import pytest
 
@@ -29,6 +30,8 @@ def s3(monkeypatch):
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(var, raising=False)
     client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
+    # moto keeps its buckets in this process across servers: each test starts from none
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     client.create_bucket(Bucket="acme")
     yield client
     server.stop()
@@ -112,3 +115,76 @@ def test_the_cleaned_cache_is_shared_through_s3(s3, tmp_path, capfd):
     assert "data: looking for the cleaned cache at s3://acme/prepared/clean-" in err and "data: cleaning" not in err
     with pytest.raises(ValueError, match="prepare.cache: must be an object-store prefix"):
         PrepareConfig(cache="/tmp/x")
+
+
+# ------------------------------------------------------------------ keys that would leave the mirror
+def _recipe(tmp_path, path, **prepare):
+    from forge.recipe.schema import Recipe
+
+    return Recipe.model_validate({"name": "r", "base": str(tmp_path / "base"), "output": str(tmp_path / "o"),
+                                  "data": {"crm": {"path": path, "proprietary": True}},
+                                  "stages": [{"kind": "pretrain", "name": "p", "mixture": {"crm": 1.0},
+                                              "max_steps": 1}],
+                                  "prepare": {"workers": 1, **prepare}})
+
+
+def _files_outside(root, inside):
+    return sorted(str(p) for p in root.rglob("*") if p.is_file() and not p.is_relative_to(inside))
+
+
+def test_a_key_that_climbs_out_of_the_mirror_is_refused_on_the_path_forge_run_takes(s3, tmp_path):
+    from forge.inputs import prepare_inputs
+
+    key = "trav/../../../../../../../../outside.txt"  # eight levels up from the mirror's trav/ folder
+    s3.put_object(Bucket="acme", Key="trav/good.txt", Body=b"fine\n")
+    s3.put_object(Bucket="acme", Key=key, Body=b"planted\n")
+    out = tmp_path / "a" / "b" / "c" / "run"  # deep enough that an escape would still land in tmp_path
+    with pytest.raises(ForgeError) as e:
+        prepare_inputs(_recipe(tmp_path, "s3://acme/trav"), out)
+    assert f"s3://acme/{key}" in str(e.value) and "'..'" in str(e.value)
+    assert _files_outside(tmp_path, out / "data" / "remote") == []
+
+
+@pytest.mark.parametrize("key, why", [
+    ("k/a/../b.jsonl", "'..'"),     # even one that would stay inside
+    ("k/./x.jsonl", "'.'"),
+    ("k/a//b.jsonl", "an empty segment"),
+    ("k\\..\\x.jsonl", "a backslash"),
+])
+def test_keys_with_dot_segments_empty_segments_or_backslashes_are_refused(s3, tmp_path, key, why):
+    s3.put_object(Bucket="acme", Key="k/fine.jsonl", Body=_lines(["ok"]))
+    s3.put_object(Bucket="acme", Key=key, Body=_lines(["planted"]))
+    with pytest.raises(ForgeError) as e:
+        resolve_source("k", DataSource(path="s3://acme/k*"), tmp_path / "run")
+    assert f"s3://acme/{key}" in str(e.value) and why in str(e.value)
+    assert list((tmp_path / "run").rglob("*.jsonl")) == []  # nothing copied, the good object neither
+
+
+def test_an_absolute_key_is_refused(s3, tmp_path):
+    key = f"{tmp_path}/abs.jsonl"  # starts with '/': joined onto the mirror it would replace it
+    s3.put_object(Bucket="acme", Key=key, Body=_lines(["planted"]))
+    with pytest.raises(ForgeError) as e:
+        resolve_source("abs", DataSource(path=f"s3://acme/{key}"), tmp_path / "run")
+    assert f"s3://acme/{key}" in str(e.value) and "absolute" in str(e.value)
+    assert _files_outside(tmp_path, tmp_path / "run") == []
+
+
+def test_a_shared_cleaned_cache_with_a_climbing_key_is_refused(s3, tmp_path):
+    from forge.data.objstore import get_dir
+    from forge.inputs import prepare_inputs
+
+    s3.put_object(Bucket="acme", Key="crm/a.jsonl", Body=_lines(["mail ann@acme.com now", "two"]))
+    first = prepare_inputs(_recipe(tmp_path, "s3://acme/crm/a.jsonl", cache="s3://acme/prepared"), tmp_path / "n0")
+    folder = first.sources["crm"].files[0].parent.name  # clean-<key>: what the second node looks for
+    key = f"prepared/{folder}/../../../outside.txt"  # from n1/data/<folder>.fetch up to tmp_path
+    s3.put_object(Bucket="acme", Key=key, Body=b"planted\n")
+    with pytest.raises(ForgeError) as e:
+        prepare_inputs(_recipe(tmp_path, "s3://acme/crm/a.jsonl", cache="s3://acme/prepared"), tmp_path / "n1")
+    assert f"s3://acme/{key}" in str(e.value)
+    assert _files_outside(tmp_path / "n1", tmp_path / "n1" / "data" / "remote") == []
+    assert not (tmp_path / "outside.txt").exists()
+    with pytest.raises(ForgeError, match="empty segment"):  # get_dir itself: the rest of the key is absolute
+        s3.put_object(Bucket="acme", Key=f"p/x/stats.json", Body=b"{}")
+        s3.put_object(Bucket="acme", Key=f"p/x/{tmp_path}/abs.txt", Body=b"planted")
+        get_dir("s3://acme/p/x", tmp_path / "got", "stats.json")
+    assert not (tmp_path / "abs.txt").exists() and not (tmp_path / "got").exists()
