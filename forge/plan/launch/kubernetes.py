@@ -9,14 +9,20 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
 from forge.errors import ForgeError
 from forge.plan.launch.layout import Launch
+from forge.plan.launch.quote import yaml_text
 
 MANIFEST = "pytorchjob.yaml"
 SCHEMA_FILE = Path(__file__).with_name("pytorchjob.schema.json")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a PVC's name
+# an image reference as the container runtimes parse it (distribution/reference's grammar):
+# [host[:port]/]path[:tag][@digest], path components lowercase
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE = re.compile(rf"(?P<name>(?:{_HOST}/)?{_PART}(?:/{_PART})*)(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?")
 
 
 def job_name(name: str) -> str:
@@ -27,13 +33,32 @@ def job_name(name: str) -> str:
     return label
 
 
+def check_names(image: str, workdir: str, claim: str) -> None:
+    """The image, mount path and volume claim as Kubernetes takes them, else a ForgeError naming the flag."""
+    ref = IMAGE.fullmatch(image)
+    if ref is None or len(ref["name"]) > 255:
+        raise ForgeError(f"--image {image!r}: not a container image reference ([HOST[:PORT]/]PATH[:TAG][@DIGEST], "
+                         "the path in lowercase)")
+    if not workdir.startswith("/") or not workdir.isprintable():
+        raise ForgeError(f"--workdir {workdir!r}: the pods' mount path must be an absolute path on one line")
+    if len(claim) > 253 or not DNS_SUBDOMAIN.fullmatch(claim):
+        raise ForgeError(f"--volume-claim {claim!r}: not a Kubernetes object name (lowercase letters, digits, "
+                         "'-' and '.', at most 253)")
+
+
+def _args(words: list[str]) -> list[str]:
+    """Kubernetes expands $(VAR) in a container's args and reads $$ as one $: every $ of a value
+    is doubled so that it reaches torchrun as written."""
+    return [w.replace("$", "$$") for w in words]
+
+
 def _container(launch: Launch, image: str, workdir: str, resource: str) -> dict:
     args = ["--nnodes", str(launch.nodes), "--nproc-per-node", str(launch.procs_per_node)]
     if launch.nodes > 1:  # the operator sets MASTER_ADDR, MASTER_PORT and RANK (the pod's node rank)
         args += ["--node-rank", "$(RANK)", "--master-addr", "$(MASTER_ADDR)", "--master-port", "$(MASTER_PORT)"]
     else:
         args = ["--standalone", *args]
-    container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": [*args, *launch.run_args()],
+    container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": [*args, *_args(launch.run_args())],
                  "workingDir": workdir, "volumeMounts": [{"name": "work", "mountPath": workdir}]}
     if resource:
         container["resources"] = {"limits": {resource: launch.chips_per_node},
@@ -69,8 +94,9 @@ def problems(doc: dict) -> list[str]:
 
 
 def render(launch: Launch, header: list[str], image: str, workdir: str, claim: str, resource: str) -> dict[str, str]:
+    check_names(image, workdir, claim)
     doc = manifest(launch, image, workdir, claim, resource)
     bad = problems(doc)
     if bad:
         raise ForgeError(f"{MANIFEST}: the PyTorchJob does not conform to the CRD schema: {bad[0]}")
-    return {MANIFEST: "\n".join(f"# {h}" for h in header) + "\n" + yaml.safe_dump(doc, sort_keys=False)}
+    return {MANIFEST: yaml_text(doc, header, MANIFEST)}

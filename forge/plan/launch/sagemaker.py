@@ -14,7 +14,7 @@ from pathlib import Path
 
 from forge.errors import ForgeError
 from forge.plan.launch.layout import PORT, Launch, engine_data
-from forge.plan.launch.torchrun import shell_word
+from forge.plan.launch.quote import Live, comments, shell_line
 
 REQUEST = "create-training-job.json"
 ENTRY = "forge-launch.sh"
@@ -75,14 +75,13 @@ def moved_overrides(recipe, inputs: dict[str, Path]) -> tuple[str, ...]:
 def entry_script(launch: Launch, recipe_file: str, moved: tuple[str, ...]) -> str:
     """forge-launch.sh: what each instance runs."""
     args = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node", str(launch.procs_per_node),
-            "--node-rank", "$NODE_RANK", "--master-addr", "$HEAD", "--master-port", str(PORT),
+            "--node-rank", Live("$NODE_RANK"), "--master-addr", Live("$HEAD"), "--master-port", str(PORT),
             *launch.run_args(f"{ML}/recipe/{recipe_file}", moved)]
-    words = " ".join(f'"{w}"' if w.startswith("$") else shell_word(w) for w in args)
     return "\n".join([
-        "#!/usr/bin/env bash", f"# forge launch: {launch.recipe} on {launch.target} ({launch.nodes} instance(s))",
+        "#!/usr/bin/env bash", *comments([f"forge launch: {launch.recipe} on {launch.target} ({launch.nodes} instance(s))"]),
         "set -euo pipefail", f"pip install --quiet {ML}/code/{CODE_TAR}",
         f'NODE_RANK=$(python -c "{HOSTS}print(sorted(c[\'hosts\']).index(c[\'current_host\']))")',
-        f'HEAD=$(python -c "{HOSTS}print(sorted(c[\'hosts\'])[0])")', f"exec {words}", ""])
+        f'HEAD=$(python -c "{HOSTS}print(sorted(c[\'hosts\'])[0])")', f"exec {shell_line(args)}", ""])
 
 
 def request(launch: Launch, recipe, opts: Options) -> tuple[dict, dict[str, Path]]:

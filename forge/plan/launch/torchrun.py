@@ -4,36 +4,34 @@ from __future__ import annotations
 
 import shlex
 
-import yaml
-
 from forge.plan.launch.layout import PORT, Launch
+from forge.plan.launch.quote import Live, comments, shell_line, yaml_text
 
 SCRIPT = "torchrun.sh"
 ACCELERATE = "accelerate.yaml"
 
 
-def torchrun_args(launch: Launch, rank: str = "${NODE_RANK:-0}", head: str = "${MASTER_ADDR:-127.0.0.1}",
-                  run_id: str = "") -> list[str]:
+# the node's rank and node 0's address come from the environment of the node that runs the script
+NODE_RANK = Live("${NODE_RANK:-0}")
+ENDPOINT = Live(f"${{MASTER_ADDR:-127.0.0.1}}:{PORT}")
+
+
+def torchrun_args(launch: Launch) -> list[str]:
     """torchrun's arguments for the launch: one process per rank on each node; several nodes meet
     at a c10d rendezvous on the head node."""
     args = ["--nnodes", str(launch.nodes), "--nproc-per-node", str(launch.procs_per_node)]
     if launch.nodes == 1:
         return ["--standalone", *args]
-    return [*args, "--node-rank", rank, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{PORT}",
-            "--rdzv-id", run_id or f"forge-{launch.name}"]
-
-
-def shell_word(word: str) -> str:
-    """A word for a POSIX shell: quoted, except that ${VAR} expansions stay live (in double quotes)."""
-    return f'"{word}"' if "${" in word or "$(" in word else shlex.quote(word)
+    return [*args, "--node-rank", NODE_RANK, "--rdzv-backend", "c10d", "--rdzv-endpoint", ENDPOINT,
+            "--rdzv-id", f"forge-{launch.name}"]
 
 
 def command_line(launch: Launch) -> str:
-    return " ".join(shell_word(w) for w in ["torchrun", *torchrun_args(launch), *launch.run_args()])
+    return shell_line(["torchrun", *torchrun_args(launch), *launch.run_args()])
 
 
 def script(launch: Launch, header: list[str]) -> str:
-    lines = ["#!/usr/bin/env bash", *[f"# {h}" for h in header]]
+    lines = ["#!/usr/bin/env bash", *comments(header)]
     if launch.nodes > 1:
         lines += [f"# run on each of the {launch.nodes} nodes, from the directory that holds the recipe path, with",
                   "#   NODE_RANK=0..N-1 and MASTER_ADDR=<node 0's address> (port %d)" % PORT]
@@ -68,8 +66,7 @@ def accelerate_config(launch: Launch) -> dict:
 
 
 def render(launch: Launch, header: list[str]) -> dict[str, str]:
-    text = yaml.safe_dump(accelerate_config(launch), sort_keys=False)
-    accel = "\n".join(f"# {h}" for h in header) + (
-        "\n# machine_rank: set per node (0..N-1); main_process_ip: node 0's address\n" if launch.nodes > 1 else "\n")
-    accel += f"# accelerate launch --config_file {ACCELERATE} {shlex.join(launch.run_args())}\n" + text
-    return {SCRIPT: script(launch, header), ACCELERATE: accel}
+    notes = [*header, *(["machine_rank: set per node (0..N-1); main_process_ip: node 0's address"]
+                        if launch.nodes > 1 else []),
+             f"accelerate launch --config_file {ACCELERATE} {shlex.join(launch.run_args())}"]
+    return {SCRIPT: script(launch, header), ACCELERATE: yaml_text(accelerate_config(launch), notes, ACCELERATE)}
