@@ -63,7 +63,7 @@ def render(args, launch, recipe) -> tuple[dict[str, str], tuple | None]:
     if args.engine == "slurm":
         return slurm.render(launch, head, bool(info["slurm_gpus"])), None
     if args.engine == "kubernetes":
-        image = args.image or engine_data()["images"][info["image"]].format(region=args.region)
+        image = args.image if args.image is not None else engine_data()["images"][info["image"]].format(region=args.region)
         return kubernetes.render(launch, head, image, args.workdir, args.volume_claim, info["k8s_resource"]), None
     return _sagemaker(args, launch, recipe)
 
@@ -84,21 +84,18 @@ def _sagemaker(args, launch, recipe) -> tuple[dict[str, str], tuple]:
 
 def run(args) -> int:
     from forge.plan.launch.layout import plan_launch
+    from forge.plan.launch.out import check_out, write_job
     from forge.recipe import load_recipe
 
     say(f"forge launch {args.recipe}: planning a {args.engine} job on {args.target}")
+    out = check_out(args.out)
     recipe = load_recipe(args.recipe)
     launch = plan_launch(args.recipe, args.target, args.nodes, recipe=recipe)
     if args.submit and args.engine != "sagemaker":
         raise ForgeError(f"--submit starts SageMaker jobs; a {args.engine} job is started with its engine's own command")
     files, job = render(args, launch, recipe)   # every refusal comes before this point
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     files["launch.json"] = json.dumps(launch.record(), indent=2, default=str) + "\n"
-    for name, text in files.items():
-        (out / name).write_text(text)
-        if name.endswith((".sh", ".sbatch")):
-            (out / name).chmod(0o755)
+    write_job(out, files)
     for line in header(launch):
         print(line)
     print(f"wrote {', '.join(str(out / n) for n in files)}")
