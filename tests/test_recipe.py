@@ -1,6 +1,7 @@
 """Recipe loading: every bad recipe is refused before work starts, naming the field and the line."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -259,3 +260,45 @@ def test_validate_lists_the_code_a_recipe_runs(tmp_path, capsys):
     assert "stages[1].rewards[2]: lambda:grader (AWS Lambda)" in out
     assert f"eval.custom[0]: {tmp_path / 'judge.py'}:figure" in out
     assert "eval.reward.rewards[0]: json:loads (module json" in out
+
+
+# ------------------------------------------------------------------------ issue 34: minor items
+@pytest.mark.parametrize("field, override", [
+    ("stages[0].batch_size", "stages[0].batch_size=true"), ("stages[0].optim.lr", "stages[0].optim.lr=false"),
+    ("stages[0].optim.betas", "stages[0].optim.betas=[true, 0.9]"),
+    ("base.scratch.layers", "base.scratch.layers=true"), ("compute.chips", "compute.chips=yes")])
+def test_a_boolean_is_no_number(tmp_path, field, override):
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path))
+    message = _error(path, [override])
+    assert f"override {override!r}: {field}: " in message and "true/false" in message, message
+    loaded = load_recipe(path, ["stages[0].batch_size=3", "stages[0].optim.fused=true"])  # YAML's 3 is a number
+    assert loaded.stages[0].batch_size == 3 and loaded.stages[0].optim.fused is True
+
+
+def test_a_boolean_number_in_the_yaml_names_its_line(tmp_path):
+    path = write_recipe(tmp_path / "r.yaml", _with_stage(tmp_path, batch_size=True))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "batch_size" in text)
+    assert f"r.yaml:line {line}: stages[0].batch_size: " in _error(path)
+
+
+@pytest.mark.parametrize("key", ["stages[-1].seq_len", "stages[1].seq_len", "stages[x].seq_len"])
+def test_an_override_index_out_of_range_names_the_range(tmp_path, key):
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path))
+    message = _error(path, [f"{key}=64"])
+    assert message.startswith(f"override '{key}=64': ") and "stages holds 1 item" in message, message
+    assert "index 0..0" in message and "not a mapping" not in message
+
+
+def test_validate_refuses_a_pipeline_that_does_not_exist_without_loading_torch(tmp_path):
+    import subprocess
+    import sys
+
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, pipeline="novela"))
+    probe = ("import sys; from forge.cli import main; code = main(['validate', sys.argv[1]]); "
+             "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"forge: error: {path}:line ") and "pipeline: no pipeline named 'novela'" in err[0]
+    assert "novella" in err[0] and "foundation" in err[0]  # the pipelines there are

@@ -3,9 +3,11 @@ model every recipe section uses. A source's `chat:` section is forge.data.format
 the recipe's `hygiene:` section is forge.data.hygiene.HygieneConfig: one type each, validated here."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import dataclasses
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from forge.data.formats import FormatSpec
 
@@ -14,7 +16,58 @@ NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"  # names of stages and data sources (the
 
 
 class Strict(BaseModel):
+    """Unknown keys are errors, and a number field takes no true/false (pydantic alone would read
+    `batch_size: true` as 1); a number written as text ("3") still reads as its number."""
+
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        where = _boolean_number(field.annotation, value) if field is not None else None
+        if where == "":
+            raise ValueError("expected a number, not true/false")
+        if where is not None:
+            raise ValueError(f"{info.field_name}{where} is true/false; expected a number")
+        return value
+
+
+def _boolean_number(annotation: Any, value: Any) -> str | None:
+    """Where in `value` a bool stands for a number that `annotation` wants ('' for `value` itself,
+    else a [index] or .key path); None if nowhere. Models check their own fields; dataclasses (the
+    data package's config types) are looked into here."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _boolean_number(args[0], value)
+    if origin in (Union, types.UnionType):
+        if isinstance(value, bool) and bool in args:
+            return None
+        found = [_boolean_number(a, value) for a in args if a is not type(None)]
+        return next((w for w in found if w is not None), None) if all(w is not None for w in found) else None
+    if isinstance(value, bool):
+        return "" if annotation in (int, float) else None
+    if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)):
+        item = (lambda i: args[i] if i < len(args) and args[-1] is not Ellipsis else args[0]) if args else None
+        for i, v in enumerate(value):
+            where = _boolean_number(item(i), v) if item else None
+            if where is not None:
+                return f"[{i}]{where}"
+    elif origin is dict and isinstance(value, dict) and args:
+        for k, v in value.items():
+            where = _boolean_number(args[1], v)
+            if where is not None:
+                return f".{k}{where}"
+    elif dataclasses.is_dataclass(annotation) and isinstance(value, dict):
+        try:
+            types_of = get_type_hints(annotation)
+        except (NameError, TypeError):  # a hint that does not resolve: pydantic itself reports it
+            return None
+        for k, v in value.items():
+            where = _boolean_number(types_of[k], v) if k in types_of else None
+            if where is not None:
+                return f".{k}{where}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------- data

@@ -97,7 +97,7 @@ def format_errors(err: ValidationError, root: type[BaseModel], where: str, lines
 
 
 # --------------------------------------------------------------------------------- overrides
-_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_PART = re.compile(r"([^.\[\]]+)|\[([^\[\]]*)\]")
 MAX_DEPTH = 32  # a recipe's deepest field is a few levels down; a deeper key is a mistake, not a field
 
 
@@ -110,13 +110,30 @@ def parse_path(key: str) -> tuple:
     """'stages[1].optim.lr' or 'stages.1.optim.lr' -> ('stages', 1, 'optim', 'lr')."""
     parts: list = []
     for name, index in _PART.findall(key):
-        parts.append(int(index) if index else (int(name) if name.isdigit() else name))
+        word = name or index  # an index that is no number (stages[x], stages[-1]) is refused where it is used
+        parts.append(int(word) if word.isdigit() else word)
     if not parts or "".join(str(p) for p in parts) == "":
         raise ForgeError(f"override {_shown(key)}: empty key")
     if len(parts) > MAX_DEPTH:
         raise ForgeError(f"override {_shown(key)}: {len(parts)} levels deep; recipe fields are at most "
                          f"{MAX_DEPTH} levels deep (e.g. stages[0].optim.lr)")
     return tuple(parts)
+
+
+def _check_step(item: str, path: tuple, depth: int, node: Any) -> None:
+    """That `node`, reached by `path[:depth]`, can be indexed by `path[depth]`; else the one line
+    saying why (a list's index is a number from 0 to its length minus one)."""
+    part, above = path[depth], dotted(path[:depth])
+    if isinstance(node, list):
+        if isinstance(part, int) and part < len(node):
+            return
+        span = f"index 0..{len(node) - 1}" if node else "no index: it is empty"
+        raise ForgeError(f"override {item!r}: {above}[{part}]: {above} holds {len(node)} item"
+                         f"{'' if len(node) == 1 else 's'} ({span})")
+    if isinstance(part, int):
+        raise ForgeError(f"override {item!r}: {dotted(path[:depth + 1])}: {above or 'the recipe'} is not a list")
+    if not isinstance(node, dict):
+        raise ForgeError(f"override {item!r}: {above} is not a mapping")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> tuple[dict, dict[tuple, str]]:
@@ -132,21 +149,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> tuple[dict, dict[tuple, 
         except ForgeError as e:
             raise ForgeError(f"override {item!r}: value is not a valid YAML value: {e}") from None
         node = data
-        for depth, part in enumerate(path[:-1]):
-            if isinstance(part, int):
-                if not isinstance(node, list) or part >= len(node):
-                    raise ForgeError(f"override {item!r}: {dotted(path[:depth + 1])} does not exist")
-                node = node[part]
+        for depth, part in enumerate(path):
+            _check_step(item, path, depth, node)
+            if depth == len(path) - 1:
+                node[part] = parsed
             else:
-                if not isinstance(node, dict):
-                    raise ForgeError(f"override {item!r}: {dotted(path[:depth])} is not a mapping")
-                node = node.setdefault(part, {})
-        last = path[-1]
-        if isinstance(last, int):
-            if not isinstance(node, list) or last >= len(node):
-                raise ForgeError(f"override {item!r}: {dotted(path)} does not exist")
-        elif not isinstance(node, dict):
-            raise ForgeError(f"override {item!r}: {dotted(path[:-1])} is not a mapping")
-        node[last] = parsed
+                node = node[part] if isinstance(part, int) else node.setdefault(part, {})
         origins[path] = item
     return data, origins
