@@ -27,6 +27,7 @@ def _validate(args) -> int:
     from forge.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    check_pipeline(args, recipe.pipeline)
     kinds = ", ".join(f"{s.name} ({s.kind})" for s in recipe.stages)
     print(f"{args.recipe}: ok: {recipe.name}: {len(recipe.stages)} stage(s): {kinds}; output {recipe.output}")
     _advise(recipe)
@@ -104,6 +105,7 @@ def _run(args) -> int:
     from forge.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    check_pipeline(args, recipe.pipeline)  # before torch loads: a misspelt name costs no wait
     say(opening_line(args.recipe, recipe))  # within a second or two: torch, transformers and mlflow load after it
     with phase("loading torch, transformers, MLflow and the pipeline", done=False):
         quiet_libraries()
@@ -195,6 +197,25 @@ def _say_result(args, recipe, result) -> int:
                   recipe.output)
     failed = _report_evaluation(result.evaluation)
     return 1 if failed and args.strict else 0
+
+
+def check_pipeline(args, name: str) -> None:
+    """Refuse a recipe whose `pipeline:` names no module in pipelines/, listing those there, without
+    importing any (a pipeline imports torch; only the pipelines package's own __init__ runs)."""
+    import importlib.util
+    import pkgutil
+
+    found = importlib.util.find_spec("pipelines")
+    known = sorted(m.name for m in pkgutil.iter_modules(found.submodule_search_locations or [])) if found else []
+    if name in known:
+        return
+    from forge.recipe.yaml import read_recipe_yaml
+
+    override = next((o for o in args.overrides if o.split("=", 1)[0].strip() == "pipeline"), None)
+    line = read_recipe_yaml(Path(args.recipe))[1].get(("pipeline",))
+    at = f":override {override!r}" if override else (f":line {line}" if line else "")
+    raise ForgeError(f"{args.recipe}{at}: pipeline: no pipeline named {name!r} (looked for pipelines/{name}.py); "
+                     f"the pipelines: {', '.join(known) or 'none (the pipelines package is not installed)'}")
 
 
 def _pipeline(recipe_path: str, name: str):
