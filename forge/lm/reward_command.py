@@ -27,6 +27,12 @@ from forge.lm.nova_reward import event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.progress import say
 from forge.recipe.rft_settings import RewardSource
+from forge.scrub import scrub
+
+
+def _out(line: str) -> None:
+    """One line of the report, scrubbed: a reward's error, a URL's password or a sample may hold secrets."""
+    print(scrub(line))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +95,8 @@ def _prompts(args: argparse.Namespace) -> tuple[list[list[dict[str, Any]]], dict
 
 
 def run(args: argparse.Namespace) -> int:
-    say(f"forge reward verify {args.source}: calling it ({args.protocol} protocol) on {args.n} sample rows of {args.data}")
+    say(scrub(f"forge reward verify {args.source}: calling it ({args.protocol} protocol) on {args.n} sample rows "
+              f"of {args.data}"))
     try:
         spec = RewardSource(source=args.source, protocol=args.protocol, timeout_s=args.timeout, retries=0,
                             region=args.region, concurrency=4, batch_size=64)
@@ -103,17 +110,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             raw = reward.send(samples, f"reward {args.source!r}")
         except RewardError as e:
-            print(f"violation: {e}")
-            print(f"{args.source}: the call failed; nothing to read")
+            _out(f"violation: {e}")
+            _out(f"{args.source}: the call failed; nothing to read")
             return 1
     answer = read_answer(raw, [s["id"] for s in samples])
     for i, (sample, score) in enumerate(zip(samples, answer.scores)):
         figures = ", ".join(f"{k}={v[i]:g}" for k, v in answer.metrics.items() if v[i] is not None)
-        print(f"  {sample['id']}: score {'-' if score is None else f'{score:g}'}" + (f" ({figures})" if figures else ""))
+        _out(f"  {sample['id']}: score {'-' if score is None else f'{score:g}'}" + (f" ({figures})" if figures else ""))
     for problem in answer.problems:
-        print(f"violation: {problem}")
+        _out(f"violation: {problem}")
     verdict = "follows Nova's reward contract" if not answer.problems else f"{len(answer.problems)} violation(s)"
-    print(f"{args.source}: {len(samples)} samples: {verdict}")
+    _out(f"{args.source}: {len(samples)} samples: {verdict}")
     sys.stdout.flush()
     return 0 if not answer.problems else 1
 
@@ -123,9 +130,9 @@ def _forge(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, 
     try:
         scores = reward(prompts, completions, fields, 0)
     except RewardError as e:
-        print(f"violation: {e}")
+        _out(f"violation: {e}")
         return 1
     for i, s in enumerate(scores):
-        print(f"  sample {i}: score {s:g}")
-    print(f"{reward.source}: {len(scores)} samples: follows forge's reward contract")
+        _out(f"  sample {i}: score {s:g}")
+    _out(f"{reward.source}: {len(scores)} samples: follows forge's reward contract")
     return 0
