@@ -1,13 +1,10 @@
 """forge launch on Kubernetes and SageMaker: the PyTorchJob conforms to the Kubeflow CRD schema and
 launches the planned layout; the CreateTrainingJob request passes botocore's model, carries the
-recipe, its data and forge's source as channels, and is submitted (S3 uploads, then the job) only
-with --submit, tested against botocore's Stubber; credentials are never printed."""
+recipe, its data and forge's source as channels (submitting it: test_launch_submit.py, on moto)."""
 import json
 
-import boto3
 import pytest
 import yaml
-from botocore.stub import ANY, Stubber
 
 from forge.cli import main
 from forge.plan.launch import kubernetes, sagemaker
@@ -111,68 +108,6 @@ def test_trn3_has_no_sagemaker_instance_type_yet_and_says_so(recipe, tmp_path, c
     assert not (tmp_path / "j").exists()
     assert main([*args[:-4], "--role-arn", ROLE]) == 2
     assert "--engine sagemaker needs --s3" in capsys.readouterr().err
-
-
-def stubbed(req, objects):
-    creds = {"region_name": "us-west-2", "aws_access_key_id": "AKIDEXAMPLEFORGE", "aws_secret_access_key": "SECRETxyz123"}
-    sm, s3 = boto3.client("sagemaker", **creds), boto3.client("s3", **creds)
-    sm_stub, s3_stub = Stubber(sm), Stubber(s3)
-    for bucket, key, _ in objects:
-        s3_stub.add_response("put_object", {}, {"Bucket": bucket, "Key": key, "Body": ANY})
-    sm_stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-west-2:123456789012:"
-                                                 "training-job/acme-1"}, req)
-    return sm, s3, sm_stub, s3_stub
-
-
-def test_submit_uploads_every_channel_then_creates_the_job(recipe):
-    launch = plan_launch(str(recipe), "trn2.48xlarge")
-    req, inputs = sagemaker.request(launch, load_recipe(str(recipe)), opts())
-    entry = sagemaker.entry_script(launch, "r.yaml", sagemaker.moved_overrides(load_recipe(str(recipe)), inputs))
-    objects = sagemaker.uploads(req, str(recipe), inputs, entry)
-    keys = [k for _, k, _ in objects]
-    assert keys == ["acme/recipe/r.yaml", "acme/code/forge-launch.sh", "acme/code/forge-src.tar.gz",
-                    "acme/data-domain/kb.txt"]
-    sm, s3, sm_stub, s3_stub = stubbed(req, objects)
-    with sm_stub, s3_stub:
-        arn = sagemaker.submit(req, objects, sm, s3)
-        sm_stub.assert_no_pending_responses()
-        s3_stub.assert_no_pending_responses()
-    assert arn.endswith("training-job/acme-1")
-
-
-def test_cli_submits_only_when_asked_and_never_prints_credentials(recipe, tmp_path, monkeypatch, capsys):
-    made = {}
-
-    class Session:
-        def __init__(self, region_name):
-            made["region"] = region_name
-
-        def client(self, name):
-            return made[name]
-
-    def fake_submit(req, objects, sm, s3):
-        made.update(objects=objects)
-        return real_submit(req, objects, sm, s3)
-
-    real_submit = sagemaker.submit
-    args = ["launch", str(recipe), "--engine", "sagemaker", "--target", "trn2.48xlarge", "--out", str(tmp_path),
-            "--s3", S3, "--role-arn", ROLE, "--region", "us-west-2", "--job-name", "acme-1"]
-    assert main(args) == 0 and "started" not in capsys.readouterr().out  # no --submit: nothing is sent
-    req = json.loads((tmp_path / "create-training-job.json").read_text())
-    launch = plan_launch(str(recipe), "trn2.48xlarge")
-    inputs = sagemaker.request(launch, load_recipe(str(recipe)), opts())[1]
-    objects = sagemaker.uploads(req, str(recipe), inputs, (tmp_path / "forge-launch.sh").read_text())
-    made["sagemaker"], made["s3"], sm_stub, s3_stub = stubbed(req, objects)
-    monkeypatch.setattr(boto3.session, "Session", Session)
-    monkeypatch.setattr(sagemaker, "submit", fake_submit)
-    with sm_stub, s3_stub:
-        assert main([*args, "--submit"]) == 0
-        sm_stub.assert_no_pending_responses()
-    out = capsys.readouterr()
-    assert "started arn:aws:sagemaker:us-west-2:123456789012:training-job/acme-1" in out.out
-    assert made["region"] == "us-west-2"
-    for secret in ("AKIDEXAMPLEFORGE", "SECRETxyz123"):
-        assert secret not in out.out + out.err
 
 
 def test_submit_is_for_sagemaker_only(recipe, tmp_path, capsys):

@@ -21,6 +21,7 @@ from forge.errors import ForgeError
 from forge.progress import say
 
 ENGINES = ("torchrun", "slurm", "kubernetes", "sagemaker")
+MIN_PART_MB, MAX_PART_MB = 5, 5 * 1024   # S3's smallest multipart part, and its largest single put
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-name", help="sagemaker: the training job's name (default: forge-RECIPE-TIME)")
     parser.add_argument("--instance-type", help="sagemaker: override the ml.* instance type")
     parser.add_argument("--submit", action="store_true", help="sagemaker: upload the channels and create the job (boto3)")
+    parser.add_argument("--part-size-mb", type=int, default=64,
+                        help="sagemaker --submit: files above this size are uploaded in parts of this size (5..5120)")
 
 
 def header(launch) -> list[str]:
@@ -79,7 +82,7 @@ def _sagemaker(args, launch, recipe) -> tuple[dict[str, str], tuple]:
                              args.image or "", args.instance_type or "")
     req, inputs = sagemaker.request(launch, recipe, opts)
     entry = sagemaker.entry_script(launch, Path(launch.recipe).name, sagemaker.moved_overrides(recipe, inputs))
-    return {sagemaker.REQUEST: json.dumps(req, indent=2) + "\n", sagemaker.ENTRY: entry}, (req, inputs, entry)
+    return {sagemaker.REQUEST: json.dumps(req, indent=2) + "\n", sagemaker.ENTRY: entry}, (req, inputs)
 
 
 def run(args) -> int:
@@ -93,6 +96,8 @@ def run(args) -> int:
     launch = plan_launch(args.recipe, args.target, args.nodes, recipe=recipe)
     if args.submit and args.engine != "sagemaker":
         raise ForgeError(f"--submit starts SageMaker jobs; a {args.engine} job is started with its engine's own command")
+    if not MIN_PART_MB <= args.part_size_mb <= MAX_PART_MB:
+        raise ForgeError(f"--part-size-mb {args.part_size_mb}: S3 takes parts of {MIN_PART_MB} to {MAX_PART_MB} MB")
     files, job = render(args, launch, recipe)   # every refusal comes before this point
     files["launch.json"] = json.dumps(launch.record(), indent=2, default=str) + "\n"
     write_job(out, files)
@@ -100,17 +105,27 @@ def run(args) -> int:
         print(line)
     print(f"wrote {', '.join(str(out / n) for n in files)}")
     if args.submit and job is not None:
-        print(f"started {_submit(args, launch, job)}")
+        print(f"started {_submit(args, launch, recipe, job, out)}")
     return 0
 
 
-def _submit(args, launch, job: tuple) -> str:
+def _submit(args, launch, recipe, job: tuple, out: Path) -> str:
+    """Check that the bucket and every S3 source are there, then stream the files and create the job."""
+    import tempfile
+
     import boto3
 
     from forge.plan.launch import sagemaker
+    from forge.plan.launch.channels import check_s3_sources
 
-    req, inputs, entry = job
-    objects = sagemaker.uploads(req, launch.recipe, inputs, entry)
-    say(f"uploading {len(objects)} object(s) under {args.s3} and creating training job {req['TrainingJobName']}")
-    session = boto3.session.Session(region_name=args.region)
-    return sagemaker.submit(req, objects, session.client("sagemaker"), session.client("s3"))
+    req, inputs = job
+    with sagemaker.aws_errors():
+        session = boto3.session.Session(region_name=args.region)
+        s3, sm = session.client("s3"), session.client("sagemaker")
+        sagemaker.check_bucket(s3, args.s3)
+        check_s3_sources(inputs, recipe, s3)
+        with tempfile.TemporaryDirectory(prefix="forge-launch-") as tmp:
+            code = sagemaker.write_code_archive(Path(tmp) / sagemaker.CODE_TAR)
+            objects = sagemaker.uploads(req, launch.recipe, inputs, out / sagemaker.ENTRY, code)
+            say(f"uploading {len(objects)} file(s) under {args.s3} and creating training job {req['TrainingJobName']}")
+            return sagemaker.submit(req, objects, sm, s3, args.part_size_mb * 1024**2)

@@ -1,25 +1,25 @@
 """SageMaker training jobs (ml.trn2 / ml.trn3 with the Neuron deep-learning container, ml.p5 with the
-PyTorch one): a `CreateTrainingJob` request whose input channels are the recipe, its local data and
-base, and forge's source; validated against botocore's service model; submitted with boto3 only
-when asked. The job runs forge-launch.sh (in the code channel): install forge, then torchrun on each
+PyTorch one): a `CreateTrainingJob` request whose input channels are the recipe, forge's source and
+the recipe's data and base (channels.py); validated against botocore's service model; submitted
+with boto3 only when asked, each file streamed to S3. The job runs forge-launch.sh (in the code channel): install forge, then torchrun on each
 instance with the node rank SageMaker's resourceconfig.json gives."""
 from __future__ import annotations
 
+import contextlib
 import functools
-import io
 import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.plan.launch.channels import ML, Input, job_inputs
 from forge.plan.launch.layout import PORT, Launch, engine_data
 from forge.plan.launch.quote import Live, comments, shell_line
 
 REQUEST = "create-training-job.json"
 ENTRY = "forge-launch.sh"
 CODE_TAR = "forge-src.tar.gz"
-ML = "/opt/ml/input/data"
 CHECKPOINTS = "/opt/ml/checkpoints"
 MAX_RUNTIME = 28 * 24 * 3600          # SageMaker's longest training job
 HOSTS = "import json;c=json.load(open('/opt/ml/input/config/resourceconfig.json'));"
@@ -43,33 +43,15 @@ def instance_type(launch: Launch, asked: str) -> str:
     return kind
 
 
-def _local_inputs(recipe) -> dict[str, Path]:
-    """Channel name -> local file or folder the job needs: each data source's `path`, a local base."""
-    out = {}
-    for name, src in recipe.data.items():
-        if src.path is None:
-            continue
-        if any(ch in src.path for ch in "*?["):
-            raise ForgeError(f"data.{name}.path {src.path!r} is a glob; a SageMaker launch uploads a file or a folder")
-        out[f"data-{name}"] = Path(src.path)
-    if isinstance(recipe.base, str) and Path(recipe.base).exists():
-        out["base"] = Path(recipe.base)
-    return out
-
-
 def _channel(name: str, uri: str) -> dict:
     return {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
         "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}}
 
 
-def moved_overrides(recipe, inputs: dict[str, Path]) -> tuple[str, ...]:
-    """Overrides pointing the recipe's local inputs at their channels, and its output at the
-    checkpoint folder SageMaker syncs to S3."""
-    out = [f"output={CHECKPOINTS}/{recipe.name}"]
-    for channel, path in inputs.items():
-        where = f"{ML}/{channel}/{path.name}"
-        out.append(f"base={where}" if channel == "base" else f"data.{channel[5:]}.path={where}")
-    return tuple(out)
+def moved_overrides(recipe, inputs: dict[str, Input]) -> tuple[str, ...]:
+    """Overrides pointing the recipe's inputs at their channels, and its output at the checkpoint
+    folder SageMaker syncs to S3."""
+    return (f"output={CHECKPOINTS}/{recipe.name}", *(f"{i.field}={i.in_job}" for i in inputs.values()))
 
 
 def entry_script(launch: Launch, recipe_file: str, moved: tuple[str, ...]) -> str:
@@ -84,17 +66,17 @@ def entry_script(launch: Launch, recipe_file: str, moved: tuple[str, ...]) -> st
         f'HEAD=$(python -c "{HOSTS}print(sorted(c[\'hosts\'])[0])")', f"exec {shell_line(args)}", ""])
 
 
-def request(launch: Launch, recipe, opts: Options) -> tuple[dict, dict[str, Path]]:
-    """(the CreateTrainingJob request, the local files each channel uploads); raises ForgeError
-    unless botocore's model accepts the request."""
+def request(launch: Launch, recipe, opts: Options) -> tuple[dict, dict[str, Input]]:
+    """(the CreateTrainingJob request, each channel's input); raises ForgeError for an input the
+    job could not reach, or unless botocore's model accepts the request."""
     s3 = opts.s3.rstrip("/")
     if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", s3):
         raise ForgeError(f"--s3 {opts.s3!r}: expected s3://BUCKET[/PREFIX]")
-    inputs = _local_inputs(recipe)
+    inputs = job_inputs(recipe)
     family = engine_data()["chips"][launch.chip]["image"]
     image = opts.image or engine_data()["images"][family].format(region=opts.region)
     channels = [_channel("recipe", f"{s3}/recipe/"), _channel("code", f"{s3}/code/")]
-    channels += [_channel(name, f"{s3}/{name}/") for name in inputs]
+    channels += [_channel(name, inp.s3 or f"{s3}/{name}/") for name, inp in inputs.items()]
     hours = max((p.hours for p in launch.plans), default=0.0)
     req = {
         "TrainingJobName": opts.job_name, "RoleArn": opts.role_arn,
@@ -129,44 +111,84 @@ def problems(req: dict) -> list[str]:
     return shape_problems(req, _input_shape(), "")
 
 
-@functools.lru_cache(maxsize=1)
-def code_archive() -> bytes:
+def write_code_archive(path: Path) -> Path:
     """forge's source (pyproject.toml, README.md, forge/, pipelines/) as the code channel's tarball."""
     import forge
 
     root = Path(forge.__file__).resolve().parent.parent
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    with tarfile.open(path, mode="w:gz") as tar:
         for name in ("pyproject.toml", "README.md", "forge", "pipelines"):
             if (root / name).exists():
                 tar.add(root / name, arcname=f"forge-src/{name}",
                         filter=lambda t: None if "__pycache__" in t.name or t.name.endswith(".pyc") else t)
-    return buf.getvalue()
+    return path
 
 
-def uploads(req: dict, recipe_path: str, inputs: dict[str, Path], entry: str) -> list[tuple[str, str, bytes]]:
-    """(bucket, key, bytes) of every object the job reads: recipe, entry script, code, inputs."""
+def uploads(req: dict, recipe_path: str, inputs: dict[str, Input], entry: Path, code: Path) -> list[tuple[str, str, Path]]:
+    """(bucket, key, local file) of every object forge uploads for the job: recipe, entry script,
+    code and the local inputs (an S3 source's channel is read where it is)."""
     def where(channel: str) -> tuple[str, str]:
         uri = next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"] if c["ChannelName"] == channel)
         bucket, _, key = uri[len("s3://"):].partition("/")
         return bucket, key
 
-    out = []
     bucket, key = where("recipe")
-    out.append((bucket, key + Path(recipe_path).name, Path(recipe_path).read_bytes()))
+    out = [(bucket, key + Path(recipe_path).name, Path(recipe_path))]
     bucket, key = where("code")
-    out += [(bucket, key + ENTRY, entry.encode()), (bucket, key + CODE_TAR, code_archive())]
-    for channel, path in inputs.items():
+    out += [(bucket, key + ENTRY, entry), (bucket, key + CODE_TAR, code)]
+    for channel, inp in inputs.items():
+        if inp.local is None:
+            continue
         bucket, key = where(channel)
+        path = inp.local
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        base = path.parent
-        out += [(bucket, key + str(f.relative_to(base)), f.read_bytes()) for f in files]
+        out += [(bucket, key + f.relative_to(path.parent).as_posix(), f) for f in files]
     return out
 
 
-def submit(req: dict, objects: list[tuple[str, str, bytes]], sagemaker_client, s3_client) -> str:
-    """Upload the channels' objects, then create the job; returns its ARN. Nothing about the caller's
-    credentials is printed or returned."""
-    for bucket, key, body in objects:
-        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+def submit(req: dict, objects: list[tuple[str, str, Path]], sagemaker_client, s3_client, part_size: int) -> str:
+    """Stream each file to S3 (multipart above `part_size`: no file is held in memory, and no part
+    nears S3's 5 GB limit on one put), then create the job; returns its ARN. Nothing about the
+    caller's credentials is printed or returned."""
+    from boto3.s3.transfer import TransferConfig
+
+    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=4)
+    for bucket, key, path in objects:
+        s3_client.upload_file(str(path), bucket, key, Config=config)
     return str(sagemaker_client.create_training_job(**req)["TrainingJobArn"])
+
+
+def check_bucket(s3_client, s3: str) -> None:
+    """The --s3 bucket exists and this caller may write to it, else a ForgeError saying which."""
+    from botocore.exceptions import ClientError
+
+    bucket = s3[len("s3://"):].split("/", 1)[0]
+    try:
+        s3_client.head_bucket(Bucket=bucket)
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            raise ForgeError(f"--s3 {s3}: no such bucket {bucket!r} (nothing was uploaded)") from None
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise ForgeError(f"--s3 {s3}: access to bucket {bucket!r} denied (nothing was uploaded)") from None
+        raise
+
+
+@contextlib.contextmanager
+def aws_errors():
+    """botocore's and boto3's errors as one line each (never the credentials, which they do not hold)."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except NoCredentialsError:
+        raise ForgeError("no AWS credentials found (boto3's standard chain: environment, ~/.aws, SSO, "
+                         "instance or task role)") from None
+    except NoRegionError:
+        raise ForgeError("no AWS region: give --region") from None
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        raise ForgeError(f"AWS {e.operation_name}: {err.get('Code', '?')}: {err.get('Message', '')}") from None
+    except (BotoCoreError, S3UploadFailedError) as e:
+        raise ForgeError(f"AWS: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
