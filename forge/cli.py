@@ -151,7 +151,7 @@ def _run(args) -> int:
         except BaseException as e:
             if rank0 and isinstance(e, ForgeError) and not folder.resumable():
                 folder.forget()  # bad input before anything resumable: the folder stays startable as it was
-            code = _stopped(e, args, rank0)
+            code = _stopped(e, args, rank0, process_state().num_processes)
             if code is None:
                 raise
             return code
@@ -242,16 +242,24 @@ def _run_pipeline(pipeline, recipe, tracker, planned: tuple, args, folder):
 
 def resume_command(args) -> str:
     """The command that continues this run, quoted for a POSIX shell (paths and overrides may hold
-    spaces, quotes or `$(...)`: pasted back, they are words, never code)."""
-    return shlex.join(["forge", "run", args.recipe, *args.overrides, "--resume"])
+    spaces, quotes or `$(...)`: pasted back, they are words, never code); under torchrun, the same
+    torchrun line (processes, rendezvous) with forge's words after it."""
+    from forge.train.launcher import launcher_words
+
+    return shlex.join([*(launcher_words() or ["forge"]), "run", args.recipe, *args.overrides, "--resume"])
 
 
-def _stopped(e: BaseException, args, rank0: bool) -> int | None:
+def _stopped(e: BaseException, args, rank0: bool, world_size: int = 1) -> int | None:
     """A run stopped on a signal (a checkpoint written, or in data preparation, evaluation or
-    registration): say how to continue it; the exit status (None: not a stop, re-raise)."""
+    registration), or by another rank dying mid-collective: say how to continue it; the exit
+    status (None: not a stop, re-raise)."""
+    from forge.train.launcher import peer_failure
     from forge.train.signals import StopRequested
 
-    if isinstance(e, StopRequested):
+    peer = peer_failure(e, world_size)
+    if peer is not None:
+        why, code = f"another rank of this {world_size}-process run stopped or died ({peer}); its output says why", 1
+    elif isinstance(e, StopRequested):
         why, code = str(e), 130
     elif isinstance(e, SystemExit) and e.code == 128 + signal.SIGTERM:
         why, code = "stopped by SIGTERM before the run finished", 128 + signal.SIGTERM

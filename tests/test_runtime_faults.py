@@ -10,7 +10,7 @@ import torch
 
 from forge import cli
 from forge.train.checkpoint import latest_checkpoint
-from forge_testing import base_recipe, pretrain_stage, refusal, write_recipe
+from forge_testing import REPO, base_recipe, pretrain_stage, refusal, write_recipe
 
 
 def _recipe(tmp_path, **stage):
@@ -139,3 +139,63 @@ def test_ui_on_a_text_file_store_is_one_line(tmp_path, capsys, form):
     err = refusal(capsys.readouterr().err)  # after the command's first line
     assert str(text) in err and ("is a file, not an MLflow store" in err or "not an SQLite database" in err)
     assert "unexpected" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------ issue 34: minor items
+import sys  # noqa: E402
+
+WORKER = """
+import sys
+from forge import cli
+args = cli.build_parser(["run", "r"]).parse_args(["run", "my recipe.yaml", "stages[0].seed=3", "--restart"])
+print("HINT", cli.resume_command(args), flush=True)
+"""
+
+
+def test_the_resume_hint_under_torchrun_repeats_the_torchrun_line(tmp_path):
+    worker = tmp_path / "w.py"
+    worker.write_text(WORKER)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launcher, str(worker)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    hint = next((line.split("HINT ", 1)[1] for line in done.stdout.splitlines() if "HINT " in line), None)
+    assert hint is not None, done.stdout + done.stderr
+    assert shlex.split(hint) == [*launcher, str(worker), "run", "my recipe.yaml", "stages[0].seed=3", "--resume"]
+
+
+def test_the_resume_hint_from_torchrun_environment_alone(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # this process's parent is no torchrun: the environment says how
+    args = cli.build_parser(["run", "r"]).parse_args(["run", "r.yaml"])
+    assert cli.resume_command(args) == "torchrun --nnodes 2 --nproc_per_node 2 -m forge.cli run r.yaml --resume"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert cli.resume_command(args) == "forge run r.yaml --resume"
+
+
+GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:37008. This is typically caused by a remote worker crashing. Check the logs of the remote "
+        "worker before reporting an error.")  # what rank 0 got from all_reduce after rank 1 died (torch 2.13, gloo)
+
+
+def test_a_peer_rank_dying_mid_collective_is_one_line_and_the_resume_hint(tmp_path, monkeypatch, capsys):
+    from forge.train import accel
+
+    class TwoRanks:
+        is_main_process, num_processes, process_index = True, 2, 0
+
+        def wait_for_everyone(self):
+            pass
+
+    def collective_fails(*args, **kwargs):
+        raise RuntimeError(GLOO)
+
+    path = _recipe(tmp_path, max_steps=2)
+    monkeypatch.setattr(accel, "process_state", lambda: TwoRanks())
+    monkeypatch.setattr(cli, "_run_pipeline", collective_fails)
+    assert cli.main(["run", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2] == ("forge: another rank of this 2-process run stopped or died (Connection closed by peer "
+                       "[127.0.0.1]:37008); its output says why")
+    assert err[-1] == f"  continue with: forge run {path} --resume"
+    assert not any("unexpected" in line for line in err)
