@@ -8,6 +8,11 @@ training: every bad record named by file:line and field, then Amazon Nova's own 
 Other kinds: messages, instruction, prompt_completion, preference, hh (forge's own). Exit status 0
 when every record is usable and Nova's minimums hold, 1 otherwise (warnings do not fail).
 
+Records are read by the training path's own reader (forge.data.readers.read_jsonl: .jsonl.gz too,
+lines split on '\n' only, the same refusals), so what this passes trains and what it names as bad
+the training path refuses too. Memory stays bounded whatever the file: a line over --max-line-mb is
+reported as too long without being held, and only the first --max-errors messages are kept.
+
 Nova's rules checked, as Amazon documents them:
 - RFT: at least 100 training records, each with `messages` and a `reference_answer`, text only
   ("Prepare data for Amazon Nova models", https://docs.aws.amazon.com/bedrock/latest/userguide/rft-prepare-data.html).
@@ -20,18 +25,20 @@ Nova's rules checked, as Amazon documents them:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forge.data.formats import FIELDS, FormatSpec, RecordError, prompt_messages, to_messages, to_preference
+from forge.data.readers import read_jsonl
 from forge.errors import ForgeError
 from forge.progress import say
 
 NOVA_RFT_MIN = 100  # training records (Bedrock RFT requirement)
 NOVA_SFT_RECOMMENDED = 100  # samples per task (Nova's recommendation)
 RESERVED = ("User:", "Bot:", "Assistant:", "System:", "<image>", "<video>", "[EOS]")
+MAX_LINE_MB = 8  # a record this long is far past any Nova context (300K tokens is about 1.2 MB of text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--as", dest="kind", required=True, choices=sorted(FIELDS), help="the record format")
     p.add_argument("--field", action="append", default=[], metavar="LOGICAL=NAME",
                    help="a record field under another name, e.g. messages=conversation (repeatable)")
-    p.add_argument("--max-errors", type=int, default=20, help="bad records to list (all are counted)")
+    p.add_argument("--max-errors", type=int, default=20, metavar="N",
+                   help="bad records (and warnings) to list: 0 or more, default 20; all are counted")
+    p.add_argument("--max-line-mb", type=int, default=MAX_LINE_MB, metavar="MB",
+                   help=f"a line longer than this is reported as too long without being read whole "
+                        f"(default {MAX_LINE_MB}; Nova's records are far shorter)")
 
 
 def _spec(kind: str, pairs: list[str]) -> FormatSpec:
@@ -83,25 +94,39 @@ def check_record(row: Any, spec: FormatSpec, where: str) -> list[str]:
             if m["content"].lstrip().startswith(word)]
 
 
-def check_file(path: Path, spec: FormatSpec) -> tuple[int, list[str], list[str]]:
-    """(records, errors, warnings) of a JSON-lines file read with `spec`."""
-    records, errors, warnings = 0, [], []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            where = f"{path}:line {number}"
-            if not line.strip():
-                warnings.append(f"{where}: an empty line (Nova expects one JSON object a line)")
-                continue
-            records += 1
-            try:
-                row: Any = json.loads(line)
-            except json.JSONDecodeError as e:
-                errors.append(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            try:
-                warnings += check_record(row, spec, where)
-            except ForgeError as e:
-                errors.append(str(e))
+@dataclass
+class Found:
+    """Messages of one kind: the first `keep` of them and how many there were (a million bad
+    lines are a count, not a million strings in memory)."""
+
+    keep: int
+    first: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self.first) < self.keep:
+            self.first.append(message)
+
+
+def check_file(path: Path, spec: FormatSpec, keep: int = 20, max_line: int = MAX_LINE_MB << 20
+               ) -> tuple[int, Found, Found]:
+    """(records, errors, warnings) of a JSON-lines file read with `spec`, as training reads it."""
+    records, errors, warnings = 0, Found(keep), Found(keep)
+    last = 0
+    for number, row in read_jsonl(path, max_line=max_line):
+        where = f"{path}:line {number}"
+        if number > last + 1:  # the reader passes over blank lines; Nova's reader may not
+            warnings.add(f"{path}:line {last + 1}: an empty line (Nova expects one JSON object a line)")
+        last = number
+        records += 1
+        try:
+            if isinstance(row, ForgeError):
+                raise row
+            for warning in check_record(row, spec, where):
+                warnings.add(warning)
+        except ForgeError as e:
+            errors.add(str(e))
     return records, errors, warnings
 
 
@@ -119,20 +144,28 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.file)
     say(f"forge data check {path} as {args.kind}: reading every record")
     spec = _spec(args.kind, args.field)
+    if args.max_errors < 0:
+        raise ForgeError(f"--max-errors {args.max_errors}: expected 0 or more (0 lists none; all are counted)")
+    if args.max_line_mb < 1:
+        raise ForgeError(f"--max-line-mb {args.max_line_mb}: expected 1 or more")
     if not path.is_file():
         raise ForgeError(f"{path}: no such file")
-    records, errors, warnings = check_file(path, spec)
-    short, advice = _minimums(spec, records - len(errors))
-    for e in errors[:args.max_errors]:
+    records, errors, warnings = check_file(path, spec, args.max_errors, args.max_line_mb << 20)
+    short, advice = _minimums(spec, records - errors.count)
+    if not records:  # training would find nothing here (or refuse the source)
+        short.insert(0, f"{path}: no records (the file is empty or blank)")
+    for e in errors.first:
         print(f"error: {e}")
-    if len(errors) > args.max_errors:
-        print(f"error: ... and {len(errors) - args.max_errors} more bad records")
-    for w in warnings[:args.max_errors] + advice:
+    if errors.count > len(errors.first):
+        print(f"error: ... and {errors.count - len(errors.first)} more bad records")
+    for w in warnings.first + advice:
         print(f"warning: {w}")
+    if warnings.count > len(warnings.first):
+        print(f"warning: ... and {warnings.count - len(warnings.first)} more warnings")
     for s in short:
         print(f"error: {s}")
-    verdict = "ok" if not errors and not short else "not usable as it is"
-    print(f"{path}: {records} records as {args.kind}: {records - len(errors)} ok, {len(errors)} bad, "
-          f"{len(warnings) + len(advice)} warnings: {verdict}")
+    verdict = "ok" if not errors.count and not short else "not usable as it is"
+    print(f"{path}: {records} records as {args.kind}: {records - errors.count} ok, {errors.count} bad, "
+          f"{warnings.count + len(advice)} warnings: {verdict}")
     sys.stdout.flush()
     return 0 if verdict == "ok" else 1

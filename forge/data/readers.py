@@ -129,18 +129,46 @@ def _read_text(path: Path, split: str) -> Iterator[tuple[int, str]]:
             yield start, "".join(buf).rstrip("\n")
 
 
-def read_jsonl(path: Path, start: int = 0, end: int | None = None, first_line: int = 1
-                ) -> Iterator[tuple[int, dict | ForgeError]]:
+_SKIP = 1 << 20  # bytes read at a time past a line over the limit
+
+
+def _lines(f, limit: int | None) -> Iterator[tuple[bytes | None, int]]:
+    """(line, its length in bytes) for each line of a binary file, split on b'\\n' only (a bare
+    '\\r' is JSON whitespace, not a line end); a line longer than `limit` bytes (its newline not
+    counted) comes as None, read past a piece at a time and never held whole."""
+    if limit is None:
+        for raw in f:
+            yield raw, len(raw)
+        return
+    while raw := f.readline(limit + 1):
+        if raw.endswith(b"\n") or len(raw) <= limit:
+            yield raw, len(raw)
+            continue
+        size, raw = len(raw), b""
+        while rest := f.readline(_SKIP):
+            size += len(rest)
+            if rest.endswith(b"\n"):
+                break
+        yield None, size
+
+
+def read_jsonl(path: Path, start: int = 0, end: int | None = None, first_line: int = 1,
+               max_line: int | None = None) -> Iterator[tuple[int, dict | ForgeError]]:
     """Rows, or a ForgeError in place of a bad line (the caller fails or skips it); with `start` and
-    `end`, the lines that start in that byte range (`start` at a line start numbered `first_line`)."""
+    `end`, the lines that start in that byte range (`start` at a line start numbered `first_line`).
+    With `max_line`, a line over that many bytes is a ForgeError too (training reads any length:
+    long records are encoded a window at a time; `forge data check` bounds its memory)."""
     with (gzip.open(path, "rb") if is_gz(path) else open(path, "rb")) as f:
         if start:
             f.seek(start)
         pos = start
-        for i, raw in enumerate(f, start=first_line):
+        for i, (raw, size) in enumerate(_lines(f, max_line), start=first_line):
             if end is not None and pos >= end:
                 return
-            pos += len(raw)
+            pos += size
+            if raw is None:
+                yield i, ForgeError(f"{path}:line {i}: too long: {size:,} bytes, over the limit of {max_line:,}")
+                continue
             if not raw.strip():
                 continue
             try:
