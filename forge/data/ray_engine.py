@@ -69,8 +69,13 @@ class RayTasks:
         if self._ray is None:
             try:
                 import ray
-            except ImportError:
-                raise ForgeError(f"prepare.engine: ray needs Ray, which is not installed here: {INSTALL}") from None
+            except Exception as e:  # a broken install fails in its own way: a dependency missing or too new
+                if not installed():
+                    raise ForgeError(f"prepare.engine: ray needs Ray, which is not installed here: {INSTALL}") from None
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise ForgeError(f"prepare.engine: ray: Ray is installed but importing it failed "
+                                 f"({type(e).__name__}: {first}); reinstall it ({INSTALL}) or use engine: local"
+                                 ) from None
             if not ray.is_initialized():
                 _check_reachable(self.address)
                 try:

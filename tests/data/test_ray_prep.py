@@ -36,6 +36,22 @@ def test_engine_ray_without_ray_installed_names_the_field_and_the_install(monkey
     assert str(e.value) == "prepare.engine: ray needs Ray, which is not installed here: pip install 'forge[ray]'"
 
 
+@pytest.mark.parametrize("error", ["AttributeError(\"module 'grpc' has no attribute 'aio'\")",
+                                   "ImportError(\"cannot import name 'BaseModel' from 'pydantic'\")"])
+def test_ray_installed_but_failing_on_import_is_one_line_naming_the_error(tmp_path, monkeypatch, error):
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(f"raise {error}\n")  # a broken install: found, fails to load
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    prepare = PrepareConfig(engine="ray", workers=2)  # Ray is installed: the recipe is accepted
+    with pytest.raises(ForgeError) as e:
+        with Engine(2, prepare) as engine:
+            list(engine.map(abs, [1, 2], "a phase", 2))
+    message = str(e.value)
+    assert message.startswith("prepare.engine: ray: Ray is installed but importing it failed (") and "\n" not in message
+    assert eval(error).__class__.__name__ + ": " + str(eval(error)) in message
+
+
 def test_bad_ray_settings_name_the_field():
     with pytest.raises(ForgeError, match=r"prepare.ray.address: expected auto, ray://HOST:PORT or HOST:PORT"):
         RayConfig(address="not an address")
