@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
+import re
 import shlex
 import signal
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
-from forge.errors import ForgeError
+from forge.errors import LOOP, ForgeError
 from forge.progress import phase, say
 from forge.quiet import quiet_libraries
 from forge.scrub import scrub
@@ -404,10 +406,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as e:  # the file system refused (read-only, full, gone): the environment, not a bug
         where = f"{e.filename}: " if e.filename else ""
+        if e.errno == errno.ELOOP:  # any path a user gave: say what it is, whichever command met it
+            print(scrub(f"forge: error: {where}{LOOP}"), file=sys.stderr)
+            return 2
         hint = " (after an interrupted run, fix this and add --resume)" if args.command == "run" else ""
         print(scrub(f"forge: error: {where}{e.strerror or e}{hint}"), file=sys.stderr)  # --resume is forge run's
         return 2
     except Exception as e:  # a bug, not bad input: say so plainly, the traceback on request
+        loop = re.fullmatch(r"Symlink loop from '(.*)'", str(e)) if isinstance(e, RuntimeError) else None
+        if loop:  # Path.resolve() meeting a symbolic link loop (Python 3.11; 3.13 raises OSError ELOOP)
+            print(scrub(f"forge: error: {loop.group(1)}: {LOOP}"), file=sys.stderr)
+            return 2
         if os.environ.get("FORGE_DEBUG"):
             raise
         print(scrub(f"forge: unexpected error: {type(e).__name__}: {e}\n  (set FORGE_DEBUG=1 for the traceback)"),

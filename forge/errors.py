@@ -1,11 +1,28 @@
 """Errors that forge reports to users as a clear message rather than a traceback."""
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 
 class ForgeError(Exception):
     """A problem the user can fix: bad recipe, bad data, missing file. The CLI prints it plainly."""
+
+
+LOOP = "a symbolic link loop (too many levels of symbolic links); point it at a real file or folder"
+
+
+def symlink_loop(path: str | Path) -> bool:
+    """Whether `path` (or a folder on the way to it) is a loop of symbolic links; Path.exists()
+    and is_file() answer False for one, which would read as 'not found'."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    except ValueError:  # a NUL byte: no path at all, reported where it is used
+        return False
+    return False
 
 
 def not_safetensors(path: Path, error: Exception) -> ForgeError:

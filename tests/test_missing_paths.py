@@ -56,3 +56,46 @@ def test_a_missing_file_inside_shared_data_and_a_missing_path_elsewhere(tmp_path
                                     "(expected a directory holding config.json)")
     path.write_text(path.read_text().replace("../../shared/data/models/empty", str(tmp_path / "gone")))
     assert _error(path)[0] == f"{path}:line 2: base: '{tmp_path}/gone' does not exist"
+
+
+# ------------------------------------------------------------------------ issue 34: symlink loops
+from forge_testing import base_recipe, refusal  # noqa: E402
+
+
+def _loop(folder):
+    """a -> b -> a: every use of either is ELOOP ("Too many levels of symbolic links")."""
+    (folder / "a").symlink_to(folder / "b")
+    (folder / "b").symlink_to(folder / "a")
+    return folder / "a"
+
+
+def _one_line(capsys, loop) -> str:
+    err = refusal(capsys.readouterr().err)  # after the command's first line, if it has one
+    assert str(loop) in err and "symbolic link loop" in err and "unexpected" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("field", ["data", "relative data", "relative output"])
+def test_a_symlink_loop_in_a_recipe_is_one_line_naming_it(tmp_path, capsys, field):
+    loop = _loop(tmp_path)
+    recipe = base_recipe(tmp_path)
+    if field == "data":
+        recipe["data"]["general"] = {"path": str(loop)}
+    elif field == "relative data":
+        recipe["data"]["general"] = {"path": "a/texts"}
+    else:
+        recipe["output"] = "a/out"
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert cli.main(["validate", str(path)]) == 2
+    _one_line(capsys, loop)
+
+
+def test_a_symlink_loop_as_the_recipe_or_an_eval_path_is_one_line(tmp_path, capsys):
+    loop = _loop(tmp_path)
+    assert cli.main(["validate", str(loop)]) == 2
+    _one_line(capsys, loop)
+    suite = write_recipe(tmp_path / "s.yaml", {"data": {"g": {"generate": {"kind": "stories", "documents": 5}}}})
+    for flags in (["--suite", str(loop), "--models", str(tmp_path)], ["--suite", str(suite), "--models", str(loop)],
+                  ["--suite", str(suite), "--models", str(tmp_path), "--json", str(loop / "e.json")]):
+        assert cli.main(["eval", *flags]) == 2
+        _one_line(capsys, loop)

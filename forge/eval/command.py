@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from forge.errors import ForgeError
+from forge.errors import LOOP, ForgeError, symlink_loop
 from forge.quiet import quiet_libraries
 from forge.recipe.data import DataSource, Strict
 from forge.recipe.eval import EvalBlock
@@ -53,6 +53,8 @@ def _load_suite(path: str):
     from forge.recipe.yaml import read_recipe_yaml
 
     file = Path(path)
+    if symlink_loop(file):
+        raise ForgeError(f"--suite {path}: {LOOP}")
     if not file.is_file():
         raise ForgeError(f"--suite {path}: no such file")
     raw, lines = read_recipe_yaml(file)  # the recipe's safe reader: encoding, duplicate keys, alias bombs
@@ -75,6 +77,8 @@ def _models_arg(text: str) -> dict[str, Path]:
     for item in [x.strip() for x in text.split(",") if x.strip()]:
         label, _, path = item.partition("=") if "=" in item else (Path(item).name, "", item)
         label = label or Path(path).name
+        if symlink_loop(path):
+            raise ForgeError(f"--models {path}: {LOOP}")
         while label in models:
             label += "'"
         models[label] = Path(path)

@@ -18,7 +18,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from forge.base_check import absent, check_base
-from forge.errors import ForgeError
+from forge.errors import LOOP, ForgeError, symlink_loop
 from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
 from forge.data.objstore import is_remote
@@ -292,7 +292,9 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
 
     if isinstance(recipe.base, str) and not recipe.base.startswith("catalog://"):
         base = Path(recipe.base)
-        if not base.exists():
+        if symlink_loop(base):
+            problems.append(f"{at(('base',))}: base: {recipe.base!r}: {LOOP}")
+        elif not base.exists():
             problems.append(f"{at(('base',))}: base: {recipe.base!r} {absent(base)}")
         elif not (base / "config.json").is_file():
             problems.append(
@@ -305,6 +307,8 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
             problems += [f"{at(('base',))}: base: {p}" for p in check_base(base)]  # forge/base_check.py
     elif isinstance(recipe.base, str):
         problems += _catalog_problems(recipe, at(("base",)), where)
+    if symlink_loop(recipe.output):
+        problems.append(f"{at(('output',))}: output: {recipe.output!r}: {LOOP}")
     stage_names = {s.name for s in recipe.stages}
     for i, stage in enumerate(recipe.stages):
         for j, ing in enumerate(stage.ingredients if isinstance(stage, SoupStage) else []):
@@ -314,7 +318,9 @@ def _check_files(recipe: Recipe, lines: dict, where: str) -> list[str]:
     for name, src in recipe.data.items():
         if src.path is None or is_remote(src.path):  # an object store is listed when the data is read
             continue
-        if not (Path(src.path).exists() or glob.glob(src.path)):
+        if symlink_loop(src.path):  # glob would list it, and reading it would fail later
+            problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: {src.path!r}: {LOOP}")
+        elif not (Path(src.path).exists() or glob.glob(src.path)):
             why = absent(src.path) if not glob.has_magic(src.path) else "matches no file or folder"
             problems.append(f"{at(('data', name, 'path'))}: data.{name}.path: {src.path!r} {why}")
     return problems
@@ -353,7 +359,12 @@ def resolve_paths(raw: dict, root: Path) -> dict:
             raise ForgeError(f"{root}: a path in the recipe holds a NUL byte (\\0): {p!r}")
         if "://" in p or os.path.isabs(p):
             return p
-        return str((root / os.path.expanduser(p)).resolve()) if not p.startswith("~") else os.path.expanduser(p)
+        if p.startswith("~"):
+            return os.path.expanduser(p)
+        try:
+            return str((root / p).resolve())
+        except (RuntimeError, OSError):  # a symbolic link loop on the way (Python 3.11: RuntimeError)
+            return str(root / p)  # kept as written: the file checks name the loop with its field
 
     out = copy.deepcopy(raw)
     if isinstance(out.get("base"), str):
@@ -395,6 +406,8 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     """Load, override and validate a recipe; raise ForgeError listing every problem found."""
     path = Path(path)
     where = str(path)
+    if symlink_loop(path):
+        raise ForgeError(f"{where}: the recipe file is {LOOP}")
     if not path.is_file():
         raise ForgeError(f"{where}: recipe file not found")
     raw, lines = read_recipe_yaml(path)  # UTF-8, duplicate keys, alias bombs and nesting checked there
