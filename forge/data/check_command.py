@@ -44,7 +44,7 @@ MAX_LINE_MB = 8  # a record this long is far past any Nova context (300K tokens 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     p = sub.add_parser("check", help="validate a JSON-lines file against a record format, with file:line errors")
-    p.add_argument("file", help="a .jsonl file (one JSON object a line)")
+    p.add_argument("file", help="a .jsonl or .jsonl.gz file (one JSON object a line)")
     p.add_argument("--as", dest="kind", required=True, choices=sorted(FIELDS), help="the record format")
     p.add_argument("--field", action="append", default=[], metavar="LOGICAL=NAME",
                    help="a record field under another name, e.g. messages=conversation (repeatable)")
