@@ -73,6 +73,7 @@ def user_code(recipe) -> list[tuple[str, str]]:
     execute: a Python file by its resolved path, a module with where it is installed, an endpoint
     with its credentials masked, a Lambda by name (SECURITY.md: `forge validate` lists them)."""
     from forge.scrub import mask_url_credentials
+    from forge.usercode import describe_code
 
     found = [(f"stages[{i}].rewards[{j}]", r.source) for i, s in enumerate(recipe.stages)
              for j, r in enumerate(getattr(s, "rewards", None) or [])]
@@ -81,26 +82,7 @@ def user_code(recipe) -> list[tuple[str, str]]:
         found += [(f"eval.reward.rewards[{j}]", r.source) for j, r in enumerate(ev.reward.rewards or [])]
     if ev is not None:
         found += [(f"eval.custom[{j}]", spec) for j, spec in enumerate(ev.custom)]
-    return [(where, _describe_code(mask_url_credentials(spec))) for where, spec in found]
-
-
-def _describe_code(spec: str) -> str:
-    import importlib.util
-
-    if spec.startswith(("http://", "https://")):
-        return f"{spec} (HTTP endpoint: receives prompts and completions)"
-    if spec.startswith("lambda:"):
-        return f"{spec} (AWS Lambda)"
-    target, _, function = spec.rpartition(":")
-    if target.endswith(".py"):
-        return f"{Path(target).resolve()}:{function} (Python file)"
-    top = target.split(".")[0]
-    try:  # the top-level package's location only: finding a submodule would run its parents' code
-        found = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        found = None
-    origin = found.origin if found is not None and found.origin else "not installed"
-    return f"{spec} (module {target}, package {top} at {origin})"
+    return [(where, describe_code(mask_url_credentials(spec))) for where, spec in found]
 
 
 def _run(args) -> int:

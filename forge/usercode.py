@@ -49,3 +49,22 @@ def load_function(spec: str, root: Path | None = None, what: str = "function", m
     if not callable(fn):
         raise ForgeError(f"{what} {spec!r}: {target} has no function {name!r}")
     return fn
+
+
+def describe_code(spec: str) -> str:
+    """What a reward or evaluator spec runs, for `forge validate`'s listing, loading nothing: an
+    endpoint, a Lambda, a file by its resolved path, or a module with where its package is installed."""
+    if spec.startswith(("http://", "https://")):
+        return f"{spec} (HTTP endpoint: receives prompts and completions)"
+    if spec.startswith("lambda:"):
+        return f"{spec} (AWS Lambda)"
+    target, _, function = spec.rpartition(":")
+    if target.endswith(".py"):
+        return f"{Path(target).resolve()}:{function} (Python file)"
+    top = target.split(".")[0]
+    try:  # the top-level package's location only: finding a submodule would run its parents' code
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    origin = found.origin if found is not None and found.origin else "not installed"
+    return f"{spec} (module {target}, package {top} at {origin})"
