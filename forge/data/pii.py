@@ -12,7 +12,8 @@ refer to the original text. Service tokens and passwords are in `pii_secrets`.
 
 Not covered: names and postal addresses (they need an NER model), phone numbers outside North
 America unless written with `+` or after a word like "phone"/"tel", AWS secret keys without "aws"
-or "secret" in the 100 characters before them, lower-case IBANs written without groups of four
+or "secret" in the 100 characters before them or a key id (AKIA..., ASIA...) within 100 characters
+on either side, lower-case IBANs written without groups of four
 and without the word "IBAN" nearby.
 """
 
@@ -220,7 +221,8 @@ def _find_ssn(v: _View) -> Spans:
 
 # IAM key-ID prefixes: AKIA long-term, ASIA temporary (STS), ABIA/ACCA service, A3T legacy.
 _AWS_KEY = re.compile(r"A(?<![A-Za-z0-9]A)(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{16}(?![A-Za-z0-9])")
-_AWS_SECRET = re.compile(r"[A-Za-z0-9/+](?<![A-Za-z0-9/+=][A-Za-z0-9/+])[A-Za-z0-9/+]{39}(?![A-Za-z0-9/+=])")
+# 40 characters that start a run of base64 (`=` may come before them: `aws_secret_access_key=...`)
+_AWS_SECRET = re.compile(r"[A-Za-z0-9/+](?<![A-Za-z0-9/+][A-Za-z0-9/+])[A-Za-z0-9/+]{39}(?![A-Za-z0-9/+=])")
 _CONTEXT_AWS = re.compile(r"(?i)aws|secret")
 _HEX40 = re.compile(r"[0-9a-fA-F]{40}")
 
@@ -230,13 +232,15 @@ def _find_aws_key(v: _View) -> Spans:
 
 
 def _find_aws_secret(v: _View) -> Spans:
-    if "aws" not in v.lower and "secret" not in v.lower:
+    ids = [m.start() for m in _AWS_KEY.finditer(v.text)]  # a secret beside its key id needs no word
+    if "aws" not in v.lower and "secret" not in v.lower and not ids:
         return
     for m in _AWS_SECRET.finditer(v.text):
         s = m.group()
         if _HEX40.fullmatch(s) or s.lower() == s or s.upper() == s:  # git SHA, hashes, words
             continue
-        if _CONTEXT_AWS.search(v.text, max(0, m.start() - 100), m.start()):
+        if _CONTEXT_AWS.search(v.text, max(0, m.start() - 100), m.start()) or any(
+                m.start() - 100 <= i <= m.end() + 100 for i in ids):
             yield m.span()
 
 
