@@ -162,3 +162,86 @@ def test_resume_accepts_the_recipe_whose_secrets_run_json_scrubbed(tmp_path, mon
     again = recipe_fingerprint(load_recipe(tmp_path / "r.yaml"))
     with RunFolder.open(tmp_path / "out", again, resume=True) as folder:  # an interrupted run, continued
         assert folder.record["fingerprint"] == again
+
+
+# ------------------------------------------------ issue 34, item 3: the error of a failing reward
+def _issue_secrets() -> dict[str, str]:
+    """An AWS secret key and a Hugging Face token, random (found anywhere = leaked)."""
+    return {"aws": "wJ" + base64.b64encode(os.urandom(29)).decode()[:38].replace("=", "x"),
+            "hf": "hf_" + _alnum(34), "plain": "hunter" + secrets.token_hex(4)}
+
+
+def _raising_reward(folder: Path, p: dict[str, str]) -> Path:
+    (folder / "leaky.py").write_text(
+        f"MESSAGE = {'aws_secret_access_key=' + p['aws'] + ' hf=' + p['hf'] + ' token=' + p['plain']!r}\n\n"
+        "def leak(prompts, completions, **fields):\n"
+        "    raise RuntimeError(MESSAGE)\n\n"
+        "def lambda_handler(event, context):\n"
+        "    raise RuntimeError(MESSAGE)\n")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}.", "answer": "x"}) + "\n"
+                               for i in range(4)))
+    return prompts
+
+
+def _store_strings(db: Path) -> list[tuple[str, str]]:
+    """(table.column, value) of every text value in an MLflow sqlite store."""
+    import sqlite3
+
+    out = []
+    with sqlite3.connect(db) as con:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            cursor = con.execute(f'SELECT * FROM "{table}"')
+            names = [d[0] for d in cursor.description]
+            for row in cursor:
+                out += [(f"{table}.{n}", v if isinstance(v, str) else v.decode("utf-8", "replace"))
+                        for n, v in zip(names, row) if isinstance(v, (str, bytes))]
+    return out
+
+
+def test_a_reward_error_with_secrets_leaves_none_in_the_mlflow_store(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = _issue_secrets()
+    prompts = _raising_reward(tmp_path, p)
+    stage = {"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "batch_size": 2, "group": 2,
+             "seq_len": 64, "max_new_tokens": 4, "rewards": [{"source": "leaky.py:leak"}]}
+    recipe = base_recipe(tmp_path, stages=[stage], tracking={"register_model": False},
+                         eval={"domain": [], "general": []})
+    recipe["data"]["p"] = {"path": str(prompts), "holdout": 0.0}
+    assert cli.main(["run", str(write_recipe(tmp_path / "r.yaml", recipe))]) != 0
+    seen = capfd.readouterr()
+    printed = seen.out + seen.err
+    assert "leaky.py:leak" in printed and "aws_secret_access_key=" in printed  # the error was reported
+
+    stored = _store_strings(tmp_path / "out" / "mlflow.db")
+    errors = [v for where, v in stored if "aws_secret_access_key" in v]
+    assert errors, "the reward's error reached no tag of the store"  # so the search below means something
+    leaked = [f"{kind} in {where}" for kind, secret in p.items() for where, v in stored if secret in v]
+    leaked += [f"{kind} printed" for kind, secret in p.items() if secret in printed]
+    leaked += _leaks(p, [tmp_path / "out"], "")
+    assert not leaked, "\n".join(leaked)
+
+
+@pytest.mark.parametrize("function, protocol", [("leak", "forge"), ("lambda_handler", "nova")])
+def test_reward_verify_prints_no_secret(tmp_path, capfd, monkeypatch, function, protocol):
+    monkeypatch.chdir(tmp_path)
+    p = _issue_secrets()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", p["aws"])  # forge run scrubs it by name too
+    prompts = _raising_reward(tmp_path, p)
+    assert cli.main(["reward", "verify", f"leaky.py:{function}", "--protocol", protocol, "--data", str(prompts),
+                     "--n", "2"]) == 1
+    seen = capfd.readouterr()
+    printed = seen.out + seen.err
+    assert "violation" in printed and "aws_secret_access_key=" in printed, printed
+    assert not [kind for kind, secret in p.items() if secret in printed], printed
+
+
+def test_reward_verify_masks_a_url_password(tmp_path, capfd):
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    password = "pw" + secrets.token_hex(8)
+    code = cli.main(["reward", "verify", f"http://ann:{password}@127.0.0.1:9/score", "--data",
+                     str(tmp_path / "p.jsonl"), "--n", "1", "--timeout", "5"])
+    seen = capfd.readouterr()
+    assert code == 1 and "127.0.0.1:9" in seen.out + seen.err
+    assert password not in seen.out + seen.err
