@@ -71,8 +71,7 @@ def _build_foundations(args, recipe) -> bool:
 def user_code(recipe) -> list[tuple[str, str]]:
     """(dotted field, what runs) for every reward source and custom evaluator the recipe would
     execute: a Python file by its resolved path, a module with where it is installed, an endpoint
-    with its credentials masked, a Lambda by name (SECURITY.md: `forge validate` lists them)."""
-    from forge.scrub import mask_url_credentials
+    with its credentials scrubbed, a Lambda by name (SECURITY.md: `forge validate` lists them)."""
     from forge.usercode import describe_code
 
     found = [(f"stages[{i}].rewards[{j}]", r.source) for i, s in enumerate(recipe.stages)
@@ -82,7 +81,7 @@ def user_code(recipe) -> list[tuple[str, str]]:
         found += [(f"eval.reward.rewards[{j}]", r.source) for j, r in enumerate(ev.reward.rewards or [])]
     if ev is not None:
         found += [(f"eval.custom[{j}]", spec) for j, spec in enumerate(ev.custom)]
-    return [(where, describe_code(mask_url_credentials(spec))) for where, spec in found]
+    return [(where, scrub(describe_code(spec))) for where, spec in found]  # a URL's password, ?token=...
 
 
 def _run(args) -> int:

@@ -245,3 +245,15 @@ def test_reward_verify_masks_a_url_password(tmp_path, capfd):
     seen = capfd.readouterr()
     assert code == 1 and "127.0.0.1:9" in seen.out + seen.err
     assert password not in seen.out + seen.err
+
+
+def test_validate_lists_a_reward_endpoint_without_its_token(tmp_path, capfd):
+    token = "tk" + secrets.token_hex(10)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    recipe = base_recipe(tmp_path, stages=[{"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "seq_len": 64,
+                                            "rewards": [{"source": f"https://127.0.0.1:9/score?api_key={token}"}]}])
+    recipe["data"]["p"] = {"path": str(tmp_path / "p.jsonl")}
+    assert cli.main(["validate", str(write_recipe(tmp_path / "r.yaml", recipe))]) == 0
+    seen = capfd.readouterr()
+    assert "stages[0].rewards[0]: https://127.0.0.1:9/score?api_key=<SECRET>" in seen.out, seen.out
+    assert token not in seen.out + seen.err
