@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 STUBS = {
@@ -34,11 +35,10 @@ def bash_n(text: str, where: Path) -> subprocess.CompletedProcess:
 
 
 def run_script(text: str, where: Path, env: dict[str, str] | None = None) -> list[str]:
-    """Run the script in the empty folder `where/cwd` with the stubs first on PATH; the words
-    torchrun was given. The script must leave nothing behind in `where/cwd`."""
+    """Run the script in a new empty folder under `where` with the stubs first on PATH; the words
+    torchrun was given. The script must leave nothing behind in that folder."""
     stubs = stub_dir(where)
-    cwd = where / "cwd"
-    cwd.mkdir(exist_ok=True)
+    cwd = Path(tempfile.mkdtemp(prefix="cwd-", dir=where))  # a new one each run: one run's leftovers never blame the next
     script = where / "job.sh"
     script.write_bytes(text.encode())
     argv = where / "argv"
