@@ -133,7 +133,7 @@ def test_unreachable_server_fails_fast():
 def test_metric_rows_are_sent_together_and_all_arrive_with_their_steps_and_times(tmp_path, monkeypatch):
     """Rows are held back (one store write per training step slowed CPU steps ~4%) and sent by the
     first row METRICS_EVERY_S after the last send, and when the run ends: none lost, none reordered."""
-    import forge.track.tracker as tracker_module
+    import forge.track.sending as sending
 
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
     sends = []
@@ -144,13 +144,13 @@ def test_metric_rows_are_sent_together_and_all_arrive_with_their_steps_and_times
         return real(self, run_id, metrics=metrics, **kwargs)
 
     monkeypatch.setattr(mlflow.MlflowClient, "log_batch", counted)
-    monkeypatch.setattr(tracker_module, "METRICS_EVERY_S", 3600.0)
+    monkeypatch.setattr(sending, "METRICS_EVERY_S", 3600.0)
     with tracker.run("r") as run_id:
         for step in (1, 2, 3):
             tracker.log_metrics({"loss": float(step), "lr": 0.1 * step}, step=step)
             time.sleep(0.002)  # distinct timestamps
         assert sends == []  # held back
-        monkeypatch.setattr(tracker_module, "METRICS_EVERY_S", 0.0)
+        monkeypatch.setattr(sending, "METRICS_EVERY_S", 0.0)
         tracker.log_metrics({"loss": 4.0}, step=4)  # the first row due: sends everything held
         tracker.log_metrics({"loss": 5.0}, step=5)
     assert sends == [[1, 1, 2, 2, 3, 3, 4], [5]]
@@ -159,3 +159,49 @@ def test_metric_rows_are_sent_together_and_all_arrive_with_their_steps_and_times
     times = [m.timestamp for m in sorted(history, key=lambda m: m.step)]
     assert times == sorted(times) and len(set(times[:3])) == 3  # each row keeps the time it was logged at
     assert len(mlflow.MlflowClient().get_metric_history(run_id, "train/lr")) == 3
+
+
+def test_a_metric_batch_the_store_rejects_fails_the_run_in_fail_mode(tmp_path, monkeypatch):
+    """Held-back rows go to the store on MLflow's writer thread; a batch it rejects there used to be
+    logged by MLflow and dropped, the run FINISHED with no metrics. In on_error: fail it fails the run."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    real = SqlAlchemyStore.log_batch
+
+    def refuses_metrics(self, run_id, metrics, params, tags):
+        if metrics:
+            raise mlflow.exceptions.MlflowException("database disk image is malformed")
+        return real(self, run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", refuses_metrics)  # before the store (and its writer) exist
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    with pytest.raises(ForgeError, match=r"MLflow store failed while logging metrics: .*malformed.*on_error: buffer"):
+        with tracker.run("r") as run_id:
+            tracker.log_metrics({"loss": 1.0}, step=1)
+    monkeypatch.undo()
+    assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"
+
+
+def test_a_rejected_batch_fails_the_run_at_the_next_send_not_only_at_its_end(tmp_path, monkeypatch):
+    import forge.track.sending as sending
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    real, calls = SqlAlchemyStore.log_batch, {"n": 0}
+
+    def first_refused(self, run_id, metrics, params, tags):
+        if metrics:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise mlflow.exceptions.MlflowException("database is locked")
+        return real(self, run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_batch", first_refused)
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    monkeypatch.setattr(sending, "METRICS_EVERY_S", 0.0)  # every row is sent at once
+    steps = []
+    with pytest.raises(ForgeError, match=r"logging metrics: .*database is locked"):
+        with tracker.run("r"):
+            for step in range(1, 4):
+                tracker.log_metrics({"loss": float(step)}, step=step)
+                steps.append(step)
+    assert steps == [1]  # the send of step 2 saw that step 1's batch was refused

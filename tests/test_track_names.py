@@ -47,3 +47,43 @@ def test_version_description_is_the_lineage_then_the_card_cut_to_fit():
     assert "\n## Evaluation" in text and "# acme" not in text
     assert len(text) <= 5000 and text.endswith("MODEL_CARD.md among the source run's artifacts)")
     assert model_description(lineage, "run1") == text.split("\n\n## Evaluation")[0]
+
+
+def test_names_mlflow_refuses_are_made_valid_in_one_place_stable_and_distinct():
+    from mlflow.utils.validation import path_not_unique, validate_param_and_metric_name
+
+    from forge.track.names import MAX_NAME, mlflow_key
+
+    long_a, long_b = "reward.grader.metric." + "a" * 300, "reward.grader.metric." + "a" * 299 + "b"
+    short_a = mlflow_key(long_a)
+    assert len(short_a) == MAX_NAME == 250 and short_a.startswith("reward.grader.metric.aaa")
+    assert mlflow_key(long_a) == short_a and mlflow_key(long_b) != short_a  # stable; a shared prefix is not a clash
+    for good in ("train/loss", "eval/web/ppl", "stages.0.name", "a b:c-d_e", "x" * 250):
+        assert mlflow_key(good) == good  # names MLflow takes are kept as they are
+    for bad in ("acc@1", "a\nb", "/abs", "a//b", "a/../b", "a/", ".", "..a", "", "ü€" * 200):
+        fixed = mlflow_key(bad)  # what MLflow's own checks accept
+        assert validate_param_and_metric_name(fixed) and not path_not_unique(fixed) and len(fixed) <= 250, (bad, fixed)
+    assert mlflow_key("acc@1") != mlflow_key("acc#1")  # two names that differ only in a refused character
+
+
+def test_a_long_metric_name_reaches_mlflow_shortened_and_the_other_metrics_with_it(tmp_path):
+    """A Nova reward's 300-character metric name used to fail the whole batch: no metric of the
+    stage reached MLflow. Now it is shortened, the full name kept in the run's names.json."""
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
+    long = "reward.grader.metric." + "m" * 300
+    with tracker.run("stage") as run_id:
+        tracker.log_metrics({"loss": 1.0, long: 2.0}, step=1)
+        tracker.log_params({"reward": {"n" * 260: 1, "n" * 259 + "x": 2}})  # the same first 250 characters
+        tracker.set_tags({"t" * 300: "v"})
+    client = tracker._mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    assert run.data.metrics["train/loss"] == 1.0 and len(run.data.metrics) == 2
+    [short] = [k for k in run.data.metrics if k != "train/loss"]
+    assert run.data.metrics[short] == 2.0 and len(short) <= 250 and short.startswith("reward.grader.metric.mmm")
+    assert {v for k, v in run.data.params.items() if k.startswith("reward.nnn")} == {"1", "2"}
+    [tag] = [k for k in run.data.tags if k.startswith("ttt")]
+    assert run.data.tags[tag] == "v" and len(tag) <= 250
+    names = json.loads(open(client.download_artifacts(run_id, "names.json")).read())
+    assert names[short] == long and names[tag] == "t" * 300
+    assert sorted(v for v in names.values() if v.startswith("reward.nnn")) == ["reward." + "n" * 260,
+                                                                              "reward." + "n" * 259 + "x"]

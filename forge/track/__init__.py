@@ -7,7 +7,9 @@
     runs.py      the output folder's run ids (tracking.json) and the pipeline's parent run
     notes.py     the Markdown a run page, a stage's run and a registered version show (plain text)
     names.py     metric names in chart sections (train/, eval/, data/, system/), single figures
-                 as text, flattened params, MLflow's limits (no MLflow import)
+                 as text, flattened params, MLflow's limits: the one place a metric, param or tag
+                 name is made one MLflow takes (mlflow_key; no MLflow import)
+    sending.py   metric rows held back and sent together; a batch the store refused is an error
     store.py     the SQLite store created whole and checked; a server reached without retries
     registry.py  registering a Novella, aliases, a handful of version tags (the rest in one JSON
                  artifact), descriptions

@@ -7,13 +7,17 @@ links open (forge.track.experiment, forge.track.view).
 Every text it writes (tags, params, descriptions, summaries, datasets, text, dict and table
 artifacts, registry tags and descriptions, the error of a failed run) passes `forge.scrub` first.
 
-It hides MLflow's limits: params are flattened, truncated to MLflow's value length and sent in
+It hides MLflow's limits: every metric, param and tag name passes `forge.track.names.mlflow_key`
+(a name MLflow refuses, too long or with a character it does not take, is shortened with a hash; the
+run's names.json keeps the full names); params are flattened, truncated to MLflow's value length and sent in
 batches, and never kept with a different value silently (MLflow cannot change one: `log_params`
 refuses the change, `log_summary` says which params kept their earlier value); only rank 0 logs
 (other ranks get a tracker with `enabled=False`, which does nothing). A
 run left by an exception is ended FAILED with the error message, so nothing stays RUNNING.
 Mid-run, a failing store either stops the run (`on_error="fail"`) or its records are buffered
-and retried while training goes on (`on_error="buffer"`), saying so.
+and retried while training goes on (`on_error="buffer"`), saying so. Metric rows sent in the
+background are checked at the next send and as the run ends: a batch the store refused fails the
+run in on_error: fail, never dropped in silence.
 """
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,8 +35,9 @@ from forge.errors import ForgeError
 from forge.scrub import scrub, scrub_dict, scrub_tree
 from forge.track import registry
 from forge.track.experiment import after_run, use_experiment
-from forge.track.names import (KEPT_TAG, MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_EVERY_S, METRICS_PER_BATCH,
-                               PARAMS_PER_BATCH, flatten, metric_name, param_conflicts, summary_value)
+from forge.track.names import (KEPT_TAG, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, Keys, flatten,
+                               metric_name, mlflow_key, param_conflicts, summary_value)
+from forge.track.sending import MetricRows
 from forge.track.store import check_store_uri, fail_fast, prepare_sqlite_store
 
 
@@ -51,13 +55,13 @@ class MlflowTracker:
         self._summaries: dict[str, dict[str, dict[str, str]]] = {}  # run id -> section -> name -> value
         self._pending: list[tuple[str, Callable[[], Any]]] = []  # (what, call) the store refused, in order, for on_error="buffer"
         self._buffered = 0
-        self._rows: dict[str, list[Any]] = {}  # run id -> metric rows not sent yet (log_metrics)
-        self._sent_at = time.monotonic()
+        self._keys = Keys()
         if not enabled:
             return
         import mlflow
 
         self._mlflow = mlflow
+        self._metric_rows = MetricRows(mlflow, self._call)  # held back and sent together (log_metrics)
         # log_summary appends to a table artifact, which MLflow downloads first: no progress bars
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         check_store_uri(uri)
@@ -117,7 +121,8 @@ class MlflowTracker:
             return
         mlflow = self._mlflow
         nested = mlflow.active_run() is not None
-        tags = {k: scrub(str(v)) for k, v in tags.items()} if tags else tags
+        full = tags or {}
+        tags = {mlflow_key(k): scrub(str(v)) for k, v in full.items()} if tags else tags
         if run_id is not None:
             run = mlflow.start_run(run_id=run_id, nested=nested, log_system_metrics=nested and self.system_metrics)
             if tags:
@@ -127,8 +132,11 @@ class MlflowTracker:
                                    log_system_metrics=nested and self.system_metrics)
         status = "FINISHED"
         try:
+            for k in full:  # the full names of tag keys mlflow_key changed, in the run's names.json
+                self._keys.key(run.info.run_id, k)
+            self._save_keys()
             yield run.info.run_id
-            self._send_metrics()  # in the body: a store failing now fails the run (on_error: fail)
+            self._metric_rows.send(wait=True)  # in the body: a store failing now fails the run (on_error: fail)
         except BaseException as e:
             stopped = isinstance(e, KeyboardInterrupt) or getattr(e, "stopped_on_request", False)
             status = "KILLED" if stopped else "FAILED"
@@ -143,7 +151,7 @@ class MlflowTracker:
         finally:
             # the run always ends, whatever else fails here: nothing is left RUNNING
             with contextlib.suppress(Exception):  # a failing store: said below, or by the error that got us here
-                self._send_metrics()
+                self._metric_rows.send(wait=True)
             self._flush()
             if self._pending:
                 print(f"forge: warning: {len(self._pending)} record(s) could not be logged to the MLflow store "
@@ -184,7 +192,17 @@ class MlflowTracker:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         if self.enabled:
-            self._call("tags", self._mlflow.set_tags, {k: scrub(str(v))[:5000] for k, v in tags.items()})
+            active = self._mlflow.active_run()
+            run_id = active.info.run_id if active is not None else ""
+            self._call("tags", self._mlflow.set_tags, {self._keys.key(run_id, k): scrub(str(v))[:5000]
+                                                       for k, v in tags.items()})
+            self._save_keys()
+
+    def _save_keys(self) -> None:
+        """Each run's names.json: the full names of the keys mlflow_key changed (written when one is added)."""
+        for run_id, names in self._keys.unsaved().items():
+            if run_id:
+                self._call("names.json", self._mlflow.MlflowClient().log_dict, run_id, scrub_dict(names), "names.json")
 
     # ------------------------------------------------------------------- params, metrics
     def log_params(self, params: dict[str, Any]) -> None:
@@ -193,9 +211,11 @@ class MlflowTracker:
         no-op), so nothing is kept with a different value silently."""
         if not self.enabled:
             return
-        flat = {k[:MAX_PARAM_KEY]: scrub(v)[:MAX_PARAM_VALUE] for k, v in flatten(params).items()}
         active = self._mlflow.active_run()
         run_id = active.info.run_id if active is not None else "(new)"
+        flat = {self._keys.key(run_id if active is not None else "", k): scrub(v)[:MAX_PARAM_VALUE]
+                for k, v in flatten(params).items()}
+        self._save_keys()
         existing = self._params_of(run_id) if active is not None else {}
         conflicts = param_conflicts(existing, flat)
         if conflicts:
@@ -212,36 +232,19 @@ class MlflowTracker:
             return {}
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Metrics of the active run at `step`. Rows are held back and sent together by the first
-        call METRICS_EVERY_S seconds after the last send, and when the run ends: one store write per
-        training step, made by MLflow's writer thread, took ~4% of a CPU run's step time
-        (bench/bench_pretrain.py)."""
+        """Metrics of the active run at `step`, held back and sent together (forge.track.sending)."""
         if not self.enabled or not metrics:
             return
-        items = [(metric_name(k), float(v)) for k, v in metrics.items()]
         active = self._mlflow.active_run()
+        run_id = active.info.run_id if active is not None else ""
+        items = [(self._keys.key(run_id, metric_name(k)), float(v)) for k, v in metrics.items()]
+        self._save_keys()
         if self.on_error == "buffer" or active is None:  # synchronous, so that a failure is seen and the batch kept
             for i in range(0, len(items), METRICS_PER_BATCH):
                 self._call("metrics", self._mlflow.log_metrics, dict(items[i:i + METRICS_PER_BATCH]), step=step,
                            synchronous=self.on_error == "buffer")
             return
-        now = int(time.time() * 1000)
-        rows = self._rows.setdefault(active.info.run_id, [])
-        rows.extend(self._mlflow.entities.Metric(k, v, now, step or 0) for k, v in items)
-        if time.monotonic() - self._sent_at >= METRICS_EVERY_S or len(rows) >= METRICS_PER_BATCH:
-            self._send_metrics()
-
-    def _send_metrics(self) -> None:
-        """Send the metric rows held back (asynchronously: a training step never waits on the store;
-        `run` waits for them as the run ends)."""
-        if not self.enabled:
-            return
-        self._sent_at = time.monotonic()
-        held, self._rows = self._rows, {}
-        for run_id, rows in held.items():
-            for i in range(0, len(rows), METRICS_PER_BATCH):
-                self._call("metrics", self._mlflow.MlflowClient().log_batch, run_id,
-                           metrics=rows[i:i + METRICS_PER_BATCH], synchronous=False)
+        self._metric_rows.add(run_id, items, step or 0)
 
     def log_summary(self, section: str, values: dict[str, Any], run_id: str | None = None) -> None:
         """Single figures (final results, the plan, predicted vs measured, hygiene counts, the
@@ -259,8 +262,9 @@ class MlflowTracker:
         # a param cannot change once logged (a resumed run): the changed figure goes to the table,
         # and the run says which params kept their earlier value (a tag, and a line on stderr)
         self._say_kept(run_id, param_conflicts(params, {f"{section}.{k}": v for k, v in new.items()}))
-        fresh = [(f"{section}.{k}"[:MAX_PARAM_KEY], v[:MAX_PARAM_VALUE]) for k, v in new.items()
-                 if f"{section}.{k}" not in params]
+        keys = {k: self._keys.key(run_id, f"{section}.{k}") for k in new}
+        self._save_keys()
+        fresh = [(keys[k], v[:MAX_PARAM_VALUE]) for k, v in new.items() if keys[k] not in params]
         for i in range(0, len(fresh), PARAMS_PER_BATCH):
             self._call("params", self._log_params_to, run_id, fresh[i:i + PARAMS_PER_BATCH])
         if new:
