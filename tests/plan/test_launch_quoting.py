@@ -108,3 +108,18 @@ def test_kubernetes_args_keep_a_dollar_paren_in_a_name_literal(tmp_path):
     args = yaml.safe_load((out / "pytorchjob.yaml").read_text())["spec"]["pytorchReplicaSpecs"]["Master"][
         "template"]["spec"]["containers"][0]["args"]
     assert str(recipe).replace("$", "$$") in args and "$(RANK)" in args
+
+
+@pytest.mark.parametrize("engine, named", [("torchrun", "recipe"), ("kubernetes", "recipe"), ("sagemaker", "recipe"),
+                                           ("sagemaker", "data")])
+def test_a_file_name_that_is_not_utf8_is_refused_in_one_line_with_nothing_written(tmp_path, capsys, engine, named):
+    import os
+
+    bad = os.fsdecode(b"x\xff.txt")
+    recipe = recipe_at(tmp_path, bad + ".yaml") if named == "recipe" else recipe_at(tmp_path, "r.yaml", data_file=bad)
+    out = tmp_path / "job"
+    extra = SAGEMAKER if engine == "sagemaker" else []
+    assert main(["launch", str(recipe), "--engine", engine, "--target", "h100:16", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("forge: error:") and "UTF-8" in err[-1], err
+    assert not out.exists()

@@ -90,6 +90,10 @@ def run(args) -> int:
     from forge.plan.launch.out import check_out, write_job
     from forge.recipe import load_recipe
 
+    for what, value in (("recipe", args.recipe), ("--out", args.out)):
+        if any("\udc80" <= c <= "\udcff" for c in value):  # bytes that are not UTF-8, as Python decodes a name
+            raise ForgeError(f"{what} {value!r}: the name is not valid UTF-8; rename it (no script or job file "
+                             "could carry it, nor a terminal print it)")
     say(f"forge launch {args.recipe}: planning a {args.engine} job on {args.target}")
     out = check_out(args.out)
     recipe = load_recipe(args.recipe)

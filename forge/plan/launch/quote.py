@@ -5,7 +5,7 @@ value holds; a YAML file is written by the emitter and parsed back before it is 
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import yaml
 
@@ -37,8 +37,23 @@ def comments(lines: Iterable[str]) -> list[str]:
     return [f"# {one_line(h)}" for h in lines]
 
 
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
 def yaml_text(doc: dict[str, Any], header: Iterable[str], what: str) -> str:
     """`doc` as YAML under comment lines, checked to parse back to `doc` (else a ForgeError)."""
+    for s in _strings(doc):
+        if any("\ud800" <= c <= "\udfff" for c in s):  # the emitter would write an escape no reader maps back
+            raise ForgeError(f"{what}: {s!r} is not valid UTF-8 (a file name that is not?); rename it")
     text = "\n".join([*comments(header), ""]) + yaml.safe_dump(doc, sort_keys=False)
     try:
         back = yaml.safe_load(text)
