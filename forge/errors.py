@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import errno
 import os
+import os
+import stat
 from pathlib import Path
 
 
@@ -28,12 +30,26 @@ def symlink_loop(path: str | Path) -> bool:
 def not_safetensors(path: Path, error: Exception) -> ForgeError:
     """The one line for a weights file whose safetensors header does not parse (often a pickle or
     a torch.save archive given the .safetensors name)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError:
-        head = b""
+    head, regular = _head(path)
     kind = {b"PK": " (it looks like a torch.save archive)"}.get(head, " (it looks like a pickle)"
                                                                 if head[:1] == b"\x80" else "")
+    kind = kind if regular else " (it is not a regular file)"
     return ForgeError(f"{path}: not a safetensors file{kind}: {str(error).splitlines()[0][:120]}; "
                       "re-save the model with save_pretrained(safe_serialization=True)")
+
+
+def _head(path: Path) -> tuple[bytes, bool]:
+    """The first two bytes of `path` and whether it is a regular file; opened without blocking and
+    read only when regular, since a FIFO given the weights' name would hold the reader forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b"", True  # unreadable: the caller's error already says why
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b"", False
+        return os.read(fd, 2), True
+    except OSError:
+        return b"", True
+    finally:
+        os.close(fd)

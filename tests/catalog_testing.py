@@ -36,3 +36,20 @@ def write_tiny_foundation(home, checkpoint, holdout=0.1, texts=200):
                 "curated": curated}
     (root / "foundation.json").write_text(json.dumps(manifest))
     return root
+
+
+def write_header_only_checkpoint(folder, header_length=None, weights=True):
+    """A checkpoint folder `forge catalog add` accepts, made without torch: a Llama config.json, one
+    tiny safetensors file (`header_length` overrides the 8-byte length its header declares) and a
+    tokenizer file. `weights=False` leaves model.safetensors out (for a test to put a FIFO there)."""
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "max_position_embeddings": 128}))
+    (folder / "tokenizer.json").write_text("{}")
+    if weights:
+        header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+        size = len(header) if header_length is None else header_length
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", size) + header + bytes(8))
+    return folder

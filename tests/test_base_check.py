@@ -75,3 +75,54 @@ def test_bad_config_json_is_reported(tmp_path, base, capsys):
     (base / "config.json").write_text("{oops")
     code, err = _validate(tmp_path, base, capsys)
     assert code == 2 and "config.json" in err and "JSON" in err, err
+
+
+def test_a_fifo_or_symlink_loop_among_the_files_is_named_never_waited_on(tmp_path):
+    """A FIFO named config.json or model.safetensors would block a reader forever: check_base reads
+    regular files only (run in a subprocess, so a hang fails the test instead of stalling it)."""
+    import os
+    import subprocess
+    import sys
+
+    from catalog_testing import write_header_only_checkpoint
+    from forge_testing import REPO
+
+    folder = write_header_only_checkpoint(tmp_path / "ckpt", weights=False)
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    os.mkfifo(folder / "model.safetensors")
+    (folder / "b.safetensors").symlink_to(folder / "a.safetensors")
+    (folder / "a.safetensors").symlink_to(folder / "b.safetensors")
+    code = f"import json; from forge.base_check import check_base; print(json.dumps(check_base({str(folder)!r})))"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    problems = " | ".join(__import__("json").loads(done.stdout))
+    assert "config.json is not a regular file (a FIFO)" in problems, problems
+    assert "model.safetensors is not a regular file (a FIFO)" in problems, problems
+    assert "a.safetensors cannot be read" in problems and "b.safetensors cannot be read" in problems, problems
+
+
+def test_the_not_safetensors_line_never_waits_on_a_fifo(tmp_path):
+    """not_safetensors peeks at a file's first bytes to say what it looks like; a FIFO given the
+    weights' name is said to be no regular file instead of blocking the peek (in a subprocess, so a
+    hang fails the test instead of stalling it)."""
+    import os
+    import subprocess
+    import sys
+
+    from forge.errors import not_safetensors
+    from forge_testing import REPO
+
+    pickle = tmp_path / "pickle.safetensors"
+    pickle.write_bytes(b"\x80\x02}q\x00.")
+    assert "(it looks like a pickle)" in str(not_safetensors(pickle, ValueError("bad header")))
+    os.mkfifo(tmp_path / "model.safetensors")
+    code = ("from pathlib import Path; from forge.errors import not_safetensors; "
+            f"print(not_safetensors(Path({str(tmp_path / 'model.safetensors')!r}), ValueError('bad header')))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert "\n" not in line and line.startswith(f"{tmp_path / 'model.safetensors'}: not a safetensors file"), line
+    assert "(it is not a regular file)" in line, line

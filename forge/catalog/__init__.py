@@ -6,6 +6,7 @@ offline family built on first use under FORGE_HOME). A recipe names a phase as
 
     resolve(ref) -> CatalogPhase        checkpoint(ref, log) -> Path (downloads a Hub phase once)
     curated(ref) -> CuratedSet          unbuilt(ref) -> the pipeline that builds its family, or None
+    missing(phase) -> why its local folder is gone, or None
 """
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from typing import Any, Callable
 from forge.catalog import hub
 from forge.catalog.entries import (  # noqa: F401  (the catalog's public names)
     INSTRUCTIONS, POINTS, PURPOSES, CatalogPhase, CuratedSet, Family, curated, families, family, family_of,
-    forge_home, parse_ref, resolve,
+    forge_home, missing, parse_ref, resolve,
 )
 from forge.catalog.store import add, known_architectures, remove  # noqa: F401
 from forge.errors import ForgeError
 
 __all__ = ["INSTRUCTIONS", "POINTS", "PURPOSES", "CatalogPhase", "CuratedSet", "Family", "add", "build_home",
            "build_note", "cached", "checkpoint", "curated", "families", "family", "family_of", "forge_home",
-           "is_ref", "known_architectures", "params", "parse_ref", "planning_config", "remove", "resolve",
+           "is_ref", "known_architectures", "missing", "params", "parse_ref", "planning_config", "remove", "resolve",
            "summary", "unbuilt"]
 
 
@@ -83,6 +84,9 @@ def planning_config(ref: str) -> str | dict[str, Any]:
         return str(folder)
     if phase.planner:
         return phase.planner
+    gone = missing(phase)
+    if gone:
+        raise ForgeError(gone)
     if not phase.built:
         raise ForgeError(f"{ref}: {build_note(ref)}; forge plan needs its config.json")
     raise ForgeError(f"{ref}: its config.json is not downloaded yet (hf://{phase.hub}@{phase.revision}); "

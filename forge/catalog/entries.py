@@ -5,7 +5,6 @@ unknown family, phase or set refused with the list of what exists."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from forge.base_check import TOKENIZER_FILES, open_regular, read_header, read_json
+from forge.catalog import registry
 from forge.errors import ForgeError
 
 POINTS = ("pretrained", "mid-trained", "post-trained")     # Nova's three starting points
@@ -180,53 +181,62 @@ def _read_built(fam: Family) -> None:
         fam.phases = {p: CatalogPhase(**{**vars(ph), "path": fam.home / p, "origin": "to be built", "built": False})
                       for p, ph in fam.phases.items()}
         return
+    declared = declared_points(fam.name)  # families.yaml's point wins over the manifest's: one source
     try:
-        data = json.loads(manifest.read_text())
+        data = read_json(manifest)
         phases, curated = data["phases"], data.get("curated") or {}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        fam.curated = {c: _curated(fam.name, c, r, fam.home) for c, r in curated.items()}
+        fam.phases = {}
+        for p, r in phases.items():
+            folder = fam.home / r["path"]
+            r = {**r, "path": str(folder), "point": declared.get(p, r.get("point"))}
+            phase = _phase(fam.name, p, r, "built", {"licence": fam.licence})
+            fam.phases[p] = CatalogPhase(**{**vars(phase), **local_facts(folder)})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ForgeError(f"{manifest}: not a foundation manifest ({type(e).__name__}: {e}); rebuild it with "
                          f"forge run {fam.build_recipe or 'its recipe'}") from None
-    fam.curated = {c: _curated(fam.name, c, r, fam.home) for c, r in curated.items()}
-    fam.phases = {}
-    for p, r in phases.items():
-        folder = fam.home / r["path"]
-        phase = _phase(fam.name, p, {**r, "path": str(folder)}, "built", {"licence": fam.licence})
-        fam.phases[p] = CatalogPhase(**{**vars(phase), **local_facts(folder)})
 
 
 def local_facts(folder: Path) -> dict[str, Any]:
     """Architecture, parameters (from the safetensors headers), context and tokenizer of a local folder."""
-    from forge.base_check import TOKENIZER_FILES
-
     try:
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json(folder / "config.json")
     except (OSError, ValueError):
         return {}
+    if not isinstance(config, dict):
+        return {}
     tokenizer = next((n for n in TOKENIZER_FILES if (folder / n).is_file()), "")
-    return {"architecture": (config.get("architectures") or [""])[0], "parameters": _parameters(folder),
-            "context": config.get("max_position_embeddings") or config.get("n_positions"),
+    archs = config.get("architectures")
+    context = config.get("max_position_embeddings") or config.get("n_positions")
+    return {"architecture": archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "",
+            "parameters": _parameters(folder),
+            "context": context if isinstance(context, int) and not isinstance(context, bool) else None,
             "tokenizer": f"{tokenizer} in the folder" if tokenizer else ""}
 
 
 def _parameters(folder: Path) -> int | None:
-    """Element count of every tensor in the folder's safetensors files, read from their headers."""
-    import struct
-
+    """Element count of every tensor in the folder's safetensors files, read from their headers
+    (None when one is not a sound safetensors file: forge.base_check says why)."""
     total = 0
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-        except (OSError, ValueError, struct.error):
+            header = read_header(path)[0]
+            for name, info in header.items():
+                if name != "__metadata__":
+                    count = 1
+                    for d in info.get("shape", []):
+                        count *= int(d)
+                    total += count
+        except (OSError, ValueError, TypeError, AttributeError):
             return None
-        for name, info in header.items():
-            if name != "__metadata__":
-                count = 1
-                for d in info.get("shape", []):
-                    count *= d
-                total += count
     return total or None
+
+
+def declared_points(name: str) -> dict[str, str]:
+    """phase -> point of a built-in family as families.yaml declares them: the one source of each
+    phase's point (a built family's foundation.json does not override it)."""
+    raw = yaml.safe_load(BUILTIN_FILE.read_text())["families"][name]
+    return {p: r["point"] for p, r in (raw.get("phases") or {}).items()}
 
 
 def registrations_file() -> Path:
@@ -234,16 +244,25 @@ def registrations_file() -> Path:
 
 
 def read_registrations() -> dict[str, Any]:
+    """catalog.yaml's registered families, checked (forge.catalog.registry); {} when there is none."""
     path = registrations_file()
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ForgeError(f"{path}: not readable YAML ({e})") from None
+        with open_regular(path) as f:
+            data = yaml.safe_load(f.read().decode("utf-8")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        first = str(e).replace("\n", " ")[:160]
+        raise ForgeError(f"{path}: not readable YAML ({first})") from None
+    except OSError as e:  # a folder, a FIFO, a dangling link: the file the catalog keeps is not there
+        raise ForgeError(f"{path}: {e.strerror or str(e).removeprefix(f'{path}: ')}; it should be the file "
+                         "forge catalog add writes (move it aside)") from None
     fams = data.get("families") if isinstance(data, dict) else None
     if not isinstance(fams, dict):
         raise ForgeError(f"{path}: expected a mapping 'families:' of registered families")
+    wrong = registry.problem(fams, POINTS)
+    if wrong:
+        raise ForgeError(f"{path}: {wrong}; fix or remove that entry")
     return fams
 
 
@@ -305,3 +324,20 @@ def family_of(ref: Any) -> str | None:
         return None
     m = _REF.match(ref.strip()) or _CURATED.match(ref.strip())
     return m["family"] if m else None
+
+
+def missing(phase: CatalogPhase) -> str | None:
+    """Why the local folder of a registered or built phase cannot be used (deleted, moved, emptied),
+    naming the folder and the catalog entry that points at it; None for a Hub phase, a family not
+    built yet, or a folder that holds its config.json."""
+    if not phase.built or phase.hub is not None or phase.path is None or (phase.path / "config.json").is_file():
+        return None
+    what = "holds no config.json" if phase.path.exists() else "is missing"
+    name = f"{phase.family}@{phase.phase}"
+    if phase.origin == "registered":
+        return (f"{phase.ref}: the registered folder {phase.path} of catalog entry {name} ({registrations_file()}) "
+                f"{what} (moved or deleted?); forge catalog remove {name}, then add it where it is now")
+    fam = families()[phase.family]
+    manifest = fam.home / "foundation.json" if fam.home is not None else "its foundation.json"
+    return (f"{phase.ref}: the folder {phase.path} of the built family {phase.family} ({manifest}) {what}; "
+            f"rebuild it with forge run {fam.build_recipe or 'its recipe'}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from forge.base_check import TOKENIZER_FILES
-from forge.catalog.entries import CatalogPhase, forge_home
+from forge.catalog.entries import CatalogPhase, forge_home, missing
 from forge.errors import ForgeError
 
 
@@ -62,9 +62,9 @@ def checkpoint(phase: CatalogPhase, log: Callable[[str], None] | None = None, do
         raise ForgeError(f"{phase.ref} is not built yet; `forge run` of a recipe using it builds it first")
     if phase.hub is None:
         assert phase.path is not None
-        if not (phase.path / "config.json").is_file():
-            raise ForgeError(f"{phase.ref}: {phase.path} holds no config.json (moved or deleted? "
-                             f"forge catalog remove {phase.family}@{phase.phase}, then add it again)")
+        gone = missing(phase)
+        if gone:
+            raise ForgeError(gone)
         return phase.path
     folder = snapshot(phase.hub, phase.revision or "main", phase.ref, log, download)
     if any((folder / n).is_file() for n in TOKENIZER_FILES) or not phase.tokenizer_from:

@@ -335,6 +335,9 @@ def _catalog_problems(recipe: Recipe, at: str, where: str) -> list[str]:
         phase = catalog.resolve(recipe.base)
     except ForgeError as e:
         return [f"{at}: {e}"]
+    gone = catalog.missing(phase)  # a registered folder deleted since: say so, not "ok"
+    if gone:
+        return [f"{at}: base: {gone}"]
     folder = catalog.cached(phase)
     context = _config_context(folder / "config.json") if folder is not None else phase.context
     problems = [f"{where}: {p}" for p in context_problems(recipe.stages, context, phase.ref)]
