@@ -30,9 +30,9 @@ from forge.train.accel import process_state
 
 FAMILY = "forge-tiny"
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "foundation-tiny.yaml"
-# phase -> (the recipe stage whose output it is, its point on the ladder)
-PHASES = {"pretrained": ("constant-lr", "pretrained"), "ramped-down": ("ramp-down", "mid-trained"),
-          "mid-trained": ("context-extension", "mid-trained"), "post-trained": ("preference", "post-trained")}
+# phase -> the recipe stage whose output it is (each phase's point is families.yaml's: point())
+PHASES = {"pretrained": "constant-lr", "ramped-down": "ramp-down", "mid-trained": "context-extension",
+          "post-trained": "preference"}
 PURPOSE = {"general": "pretraining", "highquality": "pretraining", "long": "mid-training", "skills": "mid-training",
            "instructions": "sft", "preferences": "preference"}
 MEASURE_PER_TASK = 40  # held-out instruction prompts per task scored for measured.json
@@ -76,6 +76,13 @@ def _run(recipe: Recipe, tracker: Tracker, planned: tuple[dict[str, Any], dict[s
     return result
 
 
+def point(phase: str) -> str:
+    """The phase's point as forge/catalog/families.yaml declares it, the one place it is said."""
+    from forge.catalog.entries import declared_points
+
+    return declared_points(FAMILY)[phase]
+
+
 def catalog_home() -> Path:
     """Where the catalog looks for the built family: FORGE_HOME/foundations/forge-tiny."""
     from forge.catalog import forge_home
@@ -104,7 +111,7 @@ def check_recipe(recipe: Recipe) -> None:
         if abs(cfg.holdout - HOLDOUT) > 1e-12:
             raise ForgeError(f"{recipe.name}: data.{name}.holdout: the curated sets hold out {HOLDOUT}, got {cfg.holdout}")
     names = [s.name for s in recipe.stages]
-    missing = [stage for stage, _ in PHASES.values() if stage not in names]
+    missing = [stage for stage in PHASES.values() if stage not in names]
     if missing:
         raise ForgeError(f"{recipe.name}: stages: the foundation needs stages named {missing} (its phases "
                          f"{list(PHASES)}); it has {names}")
@@ -120,10 +127,10 @@ def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
     phases = {}
     for stage in recipe.stages:
         trained += [n for n in stage.sources if n not in trained]
-        for phase, (name, point) in PHASES.items():
+        for phase, name in PHASES.items():
             if name == stage.name:
                 _copy_checkpoint(outputs[name], staging / phase)
-                phases[phase] = {"path": phase, "point": point, "curated": list(trained)}
+                phases[phase] = {"path": phase, "point": point(phase), "curated": list(trained)}
     curated = {}
     for name in [n for n in SETS if n in recipe.data] + [n for n in recipe.data if n not in SETS]:
         cfg = recipe.data[name]
@@ -202,7 +209,7 @@ def build(home: Path, log: Callable[[str], None] = print, overrides: list[str] |
         shutil.rmtree(work, ignore_errors=True)
         recipe = load_recipe(RECIPE, [f"output={work}", *(overrides or [])])
         start = time.monotonic()
-        log(f"foundation: building {FAMILY} into {home} (recipe {RECIPE.name}, {_measured()})")
+        log(opening(home))
         # the work folder goes once the family is in place, so nothing is logged to MLflow
         tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=False)
         from forge.plan.recipe_plan import plan_recipe
@@ -220,10 +227,17 @@ def _take(folder: Path, home: Path) -> Path:
     return staging
 
 
+def opening(home: Path) -> str:
+    """The build's first line: what it builds, where, and how long it took when it was measured."""
+    return f"foundation: building {FAMILY} into {home} (recipe {RECIPE.name}, {_measured()})"
+
+
 def _measured() -> str:
-    """The recipe's own note of its measured build time (its second and third lines)."""
-    lines = RECIPE.read_text().splitlines()[1:3] if RECIPE.is_file() else []
-    return " ".join(x.lstrip("# ").strip() for x in lines) if lines else "up to 15 minutes on 2 CPU cores"
+    """The headline of the recipe's own note of its measured build time (its second line, up to the
+    per-stage figures that follow the second colon), e.g. "measured: 9.6 min (578 s) on 2 cores, idle"."""
+    lines = RECIPE.read_text().splitlines()[1:2] if RECIPE.is_file() else []
+    headline = ": ".join(lines[0].lstrip("# ").split(": ")[:2]).strip() if lines else ""
+    return headline or "up to 15 minutes on 2 CPU cores"
 
 
 @contextlib.contextmanager

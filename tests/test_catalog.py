@@ -181,3 +181,31 @@ def test_the_offline_family_before_and_after_it_is_built(tiny_checkpoint, home, 
     assert main(["catalog", "list"]) == 0
     assert "forge-tiny: pretrained [pretrained], ramped-down [pretrained], mid-trained [mid-trained]" \
         in capsys.readouterr().out
+
+
+def test_forge_tinys_phases_have_one_point_before_and_after_the_build(tiny_checkpoint, home, capsys):
+    """families.yaml declares each forge-tiny phase's point; `forge catalog list`, the refusal of an
+    unknown phase and a built home (whose foundation.json may say otherwise) all give that one."""
+    declared = {"pretrained": "pretrained", "ramped-down": "pretrained", "mid-trained": "mid-trained",
+                "post-trained": "post-trained"}
+
+    def said() -> tuple[str, str]:
+        assert main(["catalog", "list"]) == 0
+        listed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("forge-tiny:"))
+        with pytest.raises(ForgeError) as e:
+            catalog.resolve("catalog://forge-tiny@annealed")
+        return listed, str(e.value)
+
+    before = said()
+    root = write_tiny_foundation(home, tiny_checkpoint)
+    for listed, refusal in (before, said()):
+        for phase, point in declared.items():
+            assert f"{phase} [{point}]" in listed and f"{phase} ({point})" in refusal, (listed, refusal)
+    manifest = json.loads((root / "foundation.json").read_text())
+    manifest["phases"]["ramped-down"]["point"] = "mid-trained"   # a manifest that disagrees with families.yaml
+    (root / "foundation.json").write_text(json.dumps(manifest))
+    listed, refusal = said()
+    assert "ramped-down [pretrained]" in listed and "ramped-down (pretrained)" in refusal, (listed, refusal)
+    from pipelines import foundation
+
+    assert {p: foundation.point(p) for p in foundation.PHASES} == declared

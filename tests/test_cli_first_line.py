@@ -90,3 +90,19 @@ def test_the_cli_lets_openmp_threads_spin_briefly_unless_the_user_chose(given, w
     done = subprocess.run([sys.executable, "-c", code], env={**env, **given, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert tuple(json.loads(done.stdout)) == want, done.stderr
+
+
+FIRST_LINE_MAX = 200  # a first line says what is starting in one terminal line, not a report
+
+
+def test_the_foundation_builds_first_line_is_one_short_line():
+    """The forge-tiny build (minutes) opens with where it builds and how long it took when measured;
+    tested through the function that words it, never by building."""
+    from pathlib import Path
+
+    from pipelines import foundation
+
+    home = Path("/home/someone/projects/acme/.forge/foundations/forge-tiny")
+    line = foundation.opening(home)
+    assert len(line) <= FIRST_LINE_MAX and "\n" not in line, (len(line), line)
+    assert line.startswith(f"foundation: building forge-tiny into {home}") and "measured" in line, line
