@@ -38,7 +38,7 @@ def run_script(text: str, where: Path, env: dict[str, str] | None = None) -> lis
     """Run the script in a new empty folder under `where` with the stubs first on PATH; the words
     torchrun was given. The script must leave nothing behind in that folder."""
     stubs = stub_dir(where)
-    cwd = Path(tempfile.mkdtemp(prefix="cwd-", dir=where))  # a new one each run: one run's leftovers never blame the next
+    cwd = Path(tempfile.mkdtemp(prefix="cwd-", dir=where))  # new each run: no leftover blames the next run
     script = where / "job.sh"
     script.write_bytes(text.encode())
     argv = where / "argv"

@@ -8,7 +8,8 @@
 
 Every job runs `forge run RECIPE` with the plan's chip count, target and stack as overrides (and
 the parallelism strategy where the recipe schema has it). The layout is checked before anything is
-written; OUT gets the engine's files and launch.json (the plan beside what was launched).
+written; OUT (a new or empty folder, or one forge launch wrote: out.py) gets the engine's files
+and launch.json (the plan beside what was launched), all at once.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", required=True, choices=ENGINES)
     parser.add_argument("--target", required=True, help="NAME[:CHIPS] as in forge plan --target (trn2, h100:16, ...)")
     parser.add_argument("--nodes", type=int, help="nodes (instances) to run on (default: as many as the plan needs)")
-    parser.add_argument("--out", required=True, help="folder the job files are written to")
+    parser.add_argument("--out", required=True,
+                        help="folder the job files are written to: new, empty, or written by an earlier forge launch")
     parser.add_argument("--image", help="container image (kubernetes, sagemaker); default: the target's DLC")
     parser.add_argument("--workdir", default="/workspace", help="kubernetes: where the pods see the checkout and data")
     parser.add_argument("--volume-claim", default="forge-work", help="kubernetes: the PVC mounted at --workdir")
@@ -66,7 +68,8 @@ def render(args, launch, recipe) -> tuple[dict[str, str], tuple | None]:
     if args.engine == "slurm":
         return slurm.render(launch, head, bool(info["slurm_gpus"])), None
     if args.engine == "kubernetes":
-        image = args.image if args.image is not None else engine_data()["images"][info["image"]].format(region=args.region)
+        default = engine_data()["images"][info["image"]].format(region=args.region)
+        image = args.image if args.image is not None else default   # an empty --image is refused, not defaulted
         return kubernetes.render(launch, head, image, args.workdir, args.volume_claim, info["k8s_resource"]), None
     return _sagemaker(args, launch, recipe)
 

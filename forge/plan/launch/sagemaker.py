@@ -1,8 +1,9 @@
 """SageMaker training jobs (ml.trn2 / ml.trn3 with the Neuron deep-learning container, ml.p5 with the
 PyTorch one): a `CreateTrainingJob` request whose input channels are the recipe, forge's source and
 the recipe's data and base (channels.py); validated against botocore's service model; submitted
-with boto3 only when asked, each file streamed to S3. The job runs forge-launch.sh (in the code channel): install forge, then torchrun on each
-instance with the node rank SageMaker's resourceconfig.json gives."""
+with boto3 only when asked, each file streamed to S3. The job runs forge-launch.sh (in the code
+channel): install forge, then torchrun on each instance with the node rank SageMaker's
+resourceconfig.json gives."""
 from __future__ import annotations
 
 import contextlib
@@ -60,7 +61,8 @@ def entry_script(launch: Launch, recipe_file: str, moved: tuple[str, ...]) -> st
             "--node-rank", Live("$NODE_RANK"), "--master-addr", Live("$HEAD"), "--master-port", str(PORT),
             *launch.run_args(f"{ML}/recipe/{recipe_file}", moved)]
     return "\n".join([
-        "#!/usr/bin/env bash", *comments([f"forge launch: {launch.recipe} on {launch.target} ({launch.nodes} instance(s))"]),
+        "#!/usr/bin/env bash",
+        *comments([f"forge launch: {launch.recipe} on {launch.target} ({launch.nodes} instance(s))"]),
         "set -euo pipefail", f"pip install --quiet {ML}/code/{CODE_TAR}",
         f'NODE_RANK=$(python -c "{HOSTS}print(sorted(c[\'hosts\']).index(c[\'current_host\']))")',
         f'HEAD=$(python -c "{HOSTS}print(sorted(c[\'hosts\'])[0])")', f"exec {shell_line(args)}", ""])
@@ -124,7 +126,8 @@ def write_code_archive(path: Path) -> Path:
     return path
 
 
-def uploads(req: dict, recipe_path: str, inputs: dict[str, Input], entry: Path, code: Path) -> list[tuple[str, str, Path]]:
+def uploads(req: dict, recipe_path: str, inputs: dict[str, Input], entry: Path,
+            code: Path) -> list[tuple[str, str, Path]]:
     """(bucket, key, local file) of every object forge uploads for the job: recipe, entry script,
     code and the local inputs (an S3 source's channel is read where it is)."""
     def where(channel: str) -> tuple[str, str]:
