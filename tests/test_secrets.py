@@ -257,3 +257,25 @@ def test_validate_lists_a_reward_endpoint_without_its_token(tmp_path, capfd):
     seen = capfd.readouterr()
     assert "stages[0].rewards[0]: https://127.0.0.1:9/score?api_key=<SECRET>" in seen.out, seen.out
     assert token not in seen.out + seen.err
+
+
+def test_an_endpoint_password_reaches_no_metric_name(tmp_path, capfd):
+    """A reward URL's password (and user) is not part of its metric names (reward.<label>...)."""
+    from servers import json_server
+
+    password = "pw" + secrets.token_hex(8)
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(4)))
+    with json_server(lambda body, path: {"rewards": [0.5] * len(body["completions"])}) as url:
+        source = url.replace("http://", f"http://ann:{password}@") + "/score"
+        stage = {"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "batch_size": 2, "group": 2,
+                 "seq_len": 64, "max_new_tokens": 4, "log_every": 1, "rewards": [{"source": source}]}
+        recipe = base_recipe(tmp_path, stages=[stage], tracking={"register_model": False},
+                             eval={"domain": [], "general": []})
+        recipe["data"]["p"] = {"path": str(tmp_path / "p.jsonl"), "holdout": 0.0}
+        assert cli.main(["run", str(write_recipe(tmp_path / "r.yaml", recipe))]) == 0
+    seen = capfd.readouterr()
+    stored = _store_strings(tmp_path / "out" / "mlflow.db")
+    assert any(where == "metrics.key" and "/reward/" in v and "score" in v for where, v in stored)  # logged
+    leaked = [where for where, v in stored if password in v] + _leaks({"password": password}, [tmp_path / "out"],
+                                                                        seen.out + seen.err)
+    assert not leaked, leaked

@@ -25,8 +25,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import http.client
 import json
-import math
-import numbers
 import re
 import socket
 import threading
@@ -37,7 +35,8 @@ from types import TracebackType
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
-from forge.lm.nova_reward import Answer, event, read_answer
+from forge.scrub import scrub
+from forge.lm.nova_reward import Answer, event, number_problem, read_answer
 from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
 from forge.recipe.rft_settings import RewardSource
@@ -188,7 +187,7 @@ class Reward:
                 except (OSError, http.client.HTTPException, ValueError) as e:
                     if deadline.left() <= 0:
                         raise TimeoutError from None
-                    if attempt == self.spec.retries or isinstance(e, _TooLarge):
+                    if attempt == self.spec.retries or isinstance(e, _Final):
                         raise RewardError(f"{where}: the endpoint failed after {attempt + 1} attempt(s): "
                                           f"{str(e) or type(e).__name__}") from None
                     time.sleep(max(0.0, min(2.0, 0.2 * 2 ** attempt, deadline.left())))
@@ -196,7 +195,7 @@ class Reward:
         return self._map_chunks(post, chunks, deadline)
 
     def _invoke_lambda(self, chunks: list[Chunk], where: str) -> object:
-        client = self._lambda or _boto_lambda(self.spec)
+        client = self._lambda or _boto_lambda(self.spec, where)
         name = self.source.removeprefix("lambda:")
 
         def invoke(chunk: Chunk) -> object:
@@ -245,8 +244,8 @@ def _shut(sock: socket.socket) -> None:
         pass
 
 
-class _TooLarge(ValueError):
-    """The endpoint's answer is over MAX_RESPONSE_BYTES (not retried)."""
+class _Final(ValueError):
+    """An answer that another attempt would not change: over MAX_RESPONSE_BYTES, or a redirect."""
 
 
 def _post(url: str, body: bytes, deadline: Deadline) -> bytes:
@@ -265,13 +264,17 @@ def _post(url: str, body: bytes, deadline: Deadline) -> bytes:
         conn.request("POST", f"{path}?{parts.query}" if parts.query else path, body,
                      {"Content-Type": "application/json"})
         resp = conn.getresponse()
+        if 300 <= resp.status < 400:  # followed, a reward's prompts would go where the answer points
+            where = scrub(resp.getheader("Location") or "(no Location)")
+            raise _Final(f"HTTP {resp.status} {resp.reason}: a redirect to {where}; forge does not follow redirects "
+                         "for rewards: set the source to the URL that answers")
         if resp.status >= 400:
             raise http.client.HTTPException(f"HTTP Error {resp.status}: {resp.reason}")
         out = bytearray()
         while chunk := resp.read(2**16):
             out += chunk
             if len(out) > MAX_RESPONSE_BYTES:
-                raise _TooLarge(f"the answer is over {MAX_RESPONSE_BYTES // 2**20} MiB")
+                raise _Final(f"the answer is over {MAX_RESPONSE_BYTES // 2**20} MiB")
         if deadline.aborted:
             raise TimeoutError
         return bytes(out)
@@ -283,7 +286,8 @@ def reward_label(source: str) -> str:
     """A short name for metric keys: the function of `file.py:fn` / `module:fn` (the file's or
     module's name for a `lambda_handler`), the Lambda function's name, or the endpoint's host and path."""
     if source.startswith(("http://", "https://")):
-        label = source.split("://", 1)[1].split("?", 1)[0].rstrip("/")
+        authority, slash, path = source.split("://", 1)[1].split("?", 1)[0].partition("/")
+        label = (authority.rpartition("@")[2] + slash + path).rstrip("/")  # never the user info: a password
     elif source.startswith("lambda:"):
         name = source.removeprefix("lambda:")  # a name, name:qualifier, or arn:aws:lambda:REGION:ACCOUNT:function:NAME
         label = name.split(":")[6] if name.startswith("arn:") and name.count(":") >= 6 else name.split(":")[0]
@@ -305,15 +309,19 @@ def unique_labels(rewards: list["Reward"]) -> list[str]:
     return out
 
 
-def _boto_lambda(spec: RewardSource) -> Any:
+def _boto_lambda(spec: RewardSource, where: str) -> Any:
     try:
         import boto3
         from botocore.config import Config  # type: ignore[import-untyped]
+        from botocore.exceptions import NoRegionError  # type: ignore[import-untyped]
     except ImportError:
         raise ForgeError("a lambda: reward needs boto3 (pip install 'forge[aws]')") from None
     config = Config(connect_timeout=spec.timeout_s, read_timeout=spec.timeout_s,
                     retries={"total_max_attempts": spec.retries + 1, "mode": "standard"})
-    return boto3.client("lambda", region_name=spec.region, config=config)
+    try:
+        return boto3.client("lambda", region_name=spec.region, config=config)
+    except NoRegionError:
+        raise RewardError(f"{where}: no AWS region: set the reward's `region` (or --region), or AWS_REGION") from None
 
 
 def check_scores(scores: object, n: int, where: str) -> list[float]:
@@ -328,7 +336,8 @@ def check_scores(scores: object, n: int, where: str) -> list[float]:
         raise RewardError(f"{where}: returned {len(scores)} scores for {n} completions")
     out: list[float] = []
     for i, s in enumerate(scores):
-        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(float(s)):
-            raise RewardError(f"{where}: score {i} is {s!r}, not a finite number")
+        problem = number_problem(s)
+        if problem:
+            raise RewardError(f"{where}: score {i} {problem}")
         out.append(float(s))
     return out

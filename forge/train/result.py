@@ -1,11 +1,14 @@
 """What a stage returns, the same for every kind: its output checkpoint, metrics, steps, tokens
 per source and what it adds to the lineage (also saved inside the final checkpoint, so a
-finished stage is reused on --resume)."""
+finished stage is reused on --resume; the lineage part scrubbed there as lineage.json is: it holds
+settings such as reward URLs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from forge.scrub import scrub_tree
 
 
 @dataclass
@@ -18,7 +21,7 @@ class StageResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"checkpoint": str(self.checkpoint), "metrics": self.metrics, "steps": self.steps,
-                "tokens_by_source": self.tokens_by_source, "lineage": self.lineage}
+                "tokens_by_source": self.tokens_by_source, "lineage": scrub_tree(self.lineage)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StageResult":
