@@ -43,6 +43,9 @@ class TextJudge(Protocol):
     def ask(self, text: str) -> str: ...
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
 def _fingerprint(folder: Path) -> str:
     files = sorted(p for p in folder.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
     return ",".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
@@ -59,7 +62,13 @@ class LocalJudge:
         self.folder, self.scale, self.label = folder, scale, label
         self.identity = f"local:{folder.resolve()}:{_fingerprint(folder)}"
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.tok: Any = AutoTokenizer.from_pretrained(folder)
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise ForgeError(f"judge {label}: no tokenizer in the folder (none of {', '.join(_TOKENIZER_FILES)}); "
+                             "a local judge reads its score tokens: copy the model's tokenizer files there")
+        try:
+            self.tok: Any = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError) as e:  # a damaged or unsupported tokenizer: transformers' own words
+            raise ForgeError(f"judge {label}: its tokenizer cannot be loaded: {str(e).strip().splitlines()[0][:300]}") from None
         model: Any = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
         self.model: Any = model.to(self.device).eval()
         self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)
@@ -192,15 +201,20 @@ class BedrockJudge:
         raise JudgeError(f"judge bedrock:{self.model_id}: no text in the answer {str(data)[:300]}")
 
 
-def bedrock_client(region: str | None, timeout_s: float, retries: int) -> Any:
+def bedrock_client(model_id: str, region: str | None, timeout_s: float, retries: int) -> Any:
     try:
         import boto3
         from botocore.config import Config  # type: ignore[import-untyped]
+        from botocore.exceptions import NoRegionError  # type: ignore[import-untyped]
     except ImportError:
         raise ForgeError("a bedrock: judge needs boto3 (pip install 'forge[aws]')") from None
     config = Config(connect_timeout=timeout_s, read_timeout=timeout_s,
                     retries={"total_max_attempts": retries + 1, "mode": "standard"})
-    return boto3.client("bedrock-runtime", region_name=region, config=config)
+    try:
+        return boto3.client("bedrock-runtime", region_name=region, config=config)
+    except NoRegionError:
+        raise ForgeError(f"judge bedrock:{model_id}: no AWS region: set the judge's `region` (the reward source's "
+                         "region:, or eval.llm_judge.region), or AWS_REGION") from None
 
 
 class VerdictCache:
@@ -297,8 +311,9 @@ def local_or_remote(address: str, options: JudgeOptions, reach: Reach = Reach())
     if address.startswith(("http://", "https://")):
         return ChatEndpoint(address, options, reach.timeout_s, reach.retries)
     if address.startswith("bedrock:"):
-        client = reach.client or bedrock_client(reach.region, reach.timeout_s, reach.retries)
-        return BedrockJudge(address.removeprefix("bedrock:"), options, client)
+        model_id = address.removeprefix("bedrock:")
+        client = reach.client or bedrock_client(model_id, reach.region, reach.timeout_s, reach.retries)
+        return BedrockJudge(model_id, options, client)
     if address.startswith("catalog://"):
         from forge.catalog import checkpoint
 

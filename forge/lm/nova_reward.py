@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 METRIC_TYPES = ("Reward", "Metric")
+# MLflow's limit on a metric name (forge.track.names.MAX_NAME, which forge.lm does not import): the
+# tracker shortens a longer name with a hash, so `forge reward verify` warns of one
+MLFLOW_NAME_LIMIT = 250
 
 
 def event(completions: list[str], prompts: list[list[dict[str, Any]]], fields: dict[str, list[Any]],
@@ -56,6 +58,19 @@ class Answer:
 
 def _number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def number_problem(value: object, wanted: str = "a finite number") -> str | None:
+    """Why `value` is not a usable score ("is 'x', not `wanted`"), None when it is a finite number;
+    an integer too large for a float (10**400) is named by its size, not printed."""
+    if not _number(value):
+        return f"is {value!r}, not {wanted}"
+    try:
+        finite = math.isfinite(float(value))  # type: ignore[arg-type]
+    except OverflowError:
+        digits = math.floor(math.log10(abs(int(value)))) + 1  # type: ignore[call-overload]
+        return f"is a {digits}-digit integer, too large for a float: not a finite number"
+    return None if finite else f"is {value!r}, not a finite number"
 
 
 def read_answer(answer: object, ids: list[str]) -> Answer:
@@ -103,10 +118,8 @@ def _read_result(result: dict[str, Any], j: int, i: int, out: Answer) -> None:
     score: Any = result.get("aggregate_reward_score")
     if "aggregate_reward_score" not in result:
         out.problems.append(f"result {j} (id {sid!r}) has no 'aggregate_reward_score'")
-    elif not _number(score):
-        out.problems.append(f"result {j} (id {sid!r}): aggregate_reward_score is {score!r}, not a number")
-    elif not math.isfinite(float(score)):
-        out.problems.append(f"result {j} (id {sid!r}): aggregate_reward_score is {score!r}, not a finite number")
+    elif problem := number_problem(score, "a number"):
+        out.problems.append(f"result {j} (id {sid!r}): aggregate_reward_score {problem}")
     else:
         out.scores[i] = float(score)
     entries = result.get("metrics_list", [])
@@ -121,10 +134,10 @@ def _read_result(result: dict[str, Any], j: int, i: int, out: Answer) -> None:
             out.problems.append(f"{at} has no 'name' text")
         elif e.get("type") not in METRIC_TYPES:
             out.problems.append(f"{at} ({e['name']!r}): type is {e.get('type')!r}; expected 'Reward' or 'Metric'")
-        elif not _number(e.get("value")) or not math.isfinite(float(e["value"])):
-            out.problems.append(f"{at} ({e['name']!r}): value is {e.get('value')!r}, not a finite number")
+        elif problem := number_problem(e.get("value")):
+            out.problems.append(f"{at} ({e['name']!r}): value {problem}")
         else:
-            key = re.sub(r"[^A-Za-z0-9_./-]+", "_", f"{e['type'].lower()}.{e['name']}")  # an MLflow metric name
+            key = f"{e['type'].lower()}.{e['name']}"  # as named: the tracker makes it a name MLflow takes
             out.metrics.setdefault(key, [None] * len(out.scores))[i] = float(e["value"])
 
 

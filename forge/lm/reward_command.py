@@ -10,7 +10,8 @@ same check as `verify_reward_function()`).
 With `--protocol nova` (the default) the source gets Nova's event and must answer with one
 `{id, aggregate_reward_score, metrics_list}` per sample (forge.lm.nova_reward); every missing,
 unknown or repeated id, wrong count, non-numeric or non-finite score, malformed metrics_list entry,
-failure and timeout is listed. The data is OpenAI-RFT records (their messages are the prompts) or
+failure and timeout is listed (the first SHOWN of them, and how many more), and a metric name
+MLflow would only take shortened is warned of. The data is OpenAI-RFT records (their messages are the prompts) or
 rows with a `--prompt-field`; each sample's completion is `--completion`, else the row's reference
 answer as text (so a correct grader should score it high).
 """
@@ -23,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ForgeError
-from forge.lm.nova_reward import event, read_answer
+from forge.lm.nova_reward import MLFLOW_NAME_LIMIT, Answer, event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.progress import say
 from forge.recipe.rft_settings import RewardSource
+
+SHOWN = 20  # sample lines and violations printed; the rest are counted (an answer may hold a million)
 from forge.scrub import scrub
 
 
@@ -100,8 +103,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = RewardSource(source=args.source, protocol=args.protocol, timeout_s=args.timeout, retries=0,
                             region=args.region, concurrency=4, batch_size=64)
-    except ValueError as e:
-        raise ForgeError(f"{args.source!r}: {e}") from None
+    except ValueError as e:  # pydantic's ValidationError: its messages, on one line
+        if args.source.startswith("judge:") and args.protocol == "nova":
+            raise ForgeError(f"{args.source!r}: a judge: source grades with forge's protocol (scores for prompts "
+                             "and completions), not Nova's, this command's default: pass --protocol forge") from None
+        errors = getattr(e, "errors", lambda: [{"msg": str(e)}])()
+        why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in errors)
+        raise ForgeError(f"{args.source!r}: {why}") from None
     chats, fields, completions = _prompts(args)
     with Reward(spec, Path.cwd()) as reward:
         if args.protocol == "forge":
@@ -114,15 +122,31 @@ def run(args: argparse.Namespace) -> int:
             _out(f"{args.source}: the call failed; nothing to read")
             return 1
     answer = read_answer(raw, [s["id"] for s in samples])
-    for i, (sample, score) in enumerate(zip(samples, answer.scores)):
+    for i, (sample, score) in enumerate(zip(samples[:SHOWN], answer.scores)):
         figures = ", ".join(f"{k}={v[i]:g}" for k, v in answer.metrics.items() if v[i] is not None)
         _out(f"  {sample['id']}: score {'-' if score is None else f'{score:g}'}" + (f" ({figures})" if figures else ""))
-    for problem in answer.problems:
+    if len(samples) > SHOWN:
+        _out(f"  ... and {len(samples) - SHOWN} more samples")
+    for problem in answer.problems[:SHOWN]:
         _out(f"violation: {problem}")
+    if len(answer.problems) > SHOWN:
+        _out(f"... and {len(answer.problems) - SHOWN} more violation(s)")
+    _warn_long_names(answer, reward.label)
     verdict = "follows Nova's reward contract" if not answer.problems else f"{len(answer.problems)} violation(s)"
     _out(f"{args.source}: {len(samples)} samples: {verdict}")
     sys.stdout.flush()
     return 0 if not answer.problems else 1
+
+
+def _warn_long_names(answer: Answer, label: str) -> None:
+    """A metrics_list name whose stage metric (reward.<label>.<type>.<name>) is past MLflow's limit:
+    the tracker logs it shortened with a hash (forge.track.names.mlflow_key)."""
+    for key in answer.metrics:
+        name = f"reward.{label}.{key}"
+        if len(name) > MLFLOW_NAME_LIMIT:
+            _out(f"warning: the metric {name[:60]}... ({len(name)} characters) is past MLflow's {MLFLOW_NAME_LIMIT}: "
+                 "a stage logs it shortened with a hash, its full name in the run's names.json; a shorter "
+                 "metrics_list name keeps it readable")
 
 
 def _forge(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, list[Any]], completions: list[str]) -> int:
@@ -132,7 +156,9 @@ def _forge(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, 
     except RewardError as e:
         _out(f"violation: {e}")
         return 1
-    for i, s in enumerate(scores):
+    for i, s in enumerate(scores[:SHOWN]):
         _out(f"  sample {i}: score {s:g}")
+    if len(scores) > SHOWN:
+        _out(f"  ... and {len(scores) - SHOWN} more samples")
     _out(f"{reward.source}: {len(scores)} samples: follows forge's reward contract")
     return 0

@@ -203,6 +203,8 @@ class RewardWorker:
             raise WorkerFailed(str(value))
         if kind == "raised":
             raise WorkerFailed(f"raised {value}")
+        if kind == "unsendable":
+            raise WorkerFailed(f"its answer cannot be sent back as JSON: {value}")
         return value
 
     def call_event(self, event: list[dict[str, Any]], timeout_s: float) -> object:
@@ -302,7 +304,10 @@ def serve(recv: mpc.Connection, send: mpc.Connection, source: str, root: str | N
             return
         except Exception as e:
             reply = ("raised", f"{type(e).__name__}: {e}")
-        _reply(send, *reply)
+        try:
+            _reply(send, *reply)
+        except ValueError as e:  # JSON cannot write it: an integer of over 4300 digits (sys.int_info)
+            _reply(send, "unsendable", str(e).split(";")[0][:200])
 
 
 async def _awaited(answer: Any) -> object:

@@ -145,3 +145,25 @@ def test_judge_folders_rubric_files_and_eval_files_are_relative_to_the_recipe(tm
     assert out["eval"]["llm_judge"] == {"judge": f"{root}/models/judge", "source": "tasks",
                                         "rubric": f"{root}/rubrics/mine.yaml"}
     assert out["eval"]["gen_qa"]["source"] == f"{root}/data/qa.jsonl"
+
+
+def test_a_bedrock_judge_without_a_region_is_one_line_naming_the_setting(tmp_path, monkeypatch):
+    pytest.importorskip("boto3")
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "aws_config").write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws_config"))
+    with pytest.raises(ForgeError, match=r"^judge bedrock:amazon\.nova-lite-v1:0: no AWS region: set the judge's "
+                                         r"`region` .*AWS_REGION"):
+        Judge("judge:bedrock:amazon.nova-lite-v1:0", JudgeOptions(), None, Reach())
+
+
+def test_a_judge_folder_without_a_tokenizer_is_one_line_naming_it(tiny_checkpoint, tmp_path):
+    import shutil
+
+    folder = tmp_path / "judge"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_checkpoint / name, folder / name)
+    with pytest.raises(ForgeError, match=rf"^judge {folder}: no tokenizer in the folder"):
+        Judge(str(folder), JudgeOptions())

@@ -171,3 +171,57 @@ def test_per_reward_normalisation_keeps_each_rewards_resolution():
     split = decoupled_advantages([first, second], [1.0, 1.0], 2)
     assert split[2] > split[0] + 0.4 > 0.4 and split[3] < split[1] < 0
     assert split.mean().item() == pytest.approx(0.0, abs=1e-5) and split.std().item() == pytest.approx(1.0, abs=1e-3)
+
+
+ODD = '''
+def long_name(event, context):
+    return [{"id": s["id"], "aggregate_reward_score": 1.0,
+             "metrics_list": [{"name": "m" * 300, "value": 1.0, "type": "Metric"}]} for s in event]
+
+
+def flood(event, context):
+    return [{"id": s["id"], "aggregate_reward_score": 1.0} for s in event] + [{"id": f"x{i}"} for i in range(5000)]
+
+
+def huge(event, context):
+    return [{"id": s["id"], "aggregate_reward_score": 10**400,
+             "metrics_list": [{"name": "m", "value": -10**400, "type": "Metric"}]} for s in event]
+'''
+
+
+def test_reward_verify_warns_of_a_metric_name_mlflow_would_shorten(tmp_path, capsys):
+    (tmp_path / "odd.py").write_text(ODD)
+    assert main(["reward", "verify", f"{tmp_path / 'odd.py'}:long_name", "--data", str(DATA), "--n", "1"]) == 0
+    out = capsys.readouterr().out
+    warning = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "reward.long_name.metric.mmmm" in warning[0] and "324 characters" in warning[0], out
+    assert "250" in warning[0] and "names.json" in warning[0]
+    assert out.strip().endswith("1 samples: follows Nova's reward contract")
+
+
+def test_reward_verify_output_is_bounded_whatever_the_answer(tmp_path, capsys):
+    (tmp_path / "odd.py").write_text(ODD)
+    assert main(["reward", "verify", f"{tmp_path / 'odd.py'}:flood", "--data", str(DATA), "--n", "2"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) < 40, len(lines)
+    assert any("and 4981 more violation(s)" in line for line in lines), lines[-3:]
+    assert lines[-1].endswith("2 samples: 5001 violation(s)")
+
+
+def test_a_score_too_large_for_a_float_is_a_contract_breach_not_a_crash(tmp_path, capsys):
+    got = read_answer([{"id": "a#0", "aggregate_reward_score": 10**400,
+                        "metrics_list": [{"name": "m", "value": 10**400, "type": "Metric"}]}], ["a#0"])
+    assert got.scores == [None] and len(got.problems) == 2
+    assert all("not a finite number" in p and "too large" in p for p in got.problems), got.problems
+    (tmp_path / "odd.py").write_text(ODD)
+    with Reward(source(f"{tmp_path / 'odd.py'}:huge")) as reward:
+        with pytest.raises(RewardError, match=r"on batch 2: the answer breaks Nova's reward contract: result 0 .*"
+                                              r"aggregate_reward_score is a 401-digit integer"):
+            reward(["p"], ["x"], {}, 2)
+
+
+def test_reward_verify_of_a_judge_says_to_pass_protocol_forge(capsys):
+    assert main(["reward", "verify", "judge:http://127.0.0.1:9/v1", "--data", str(DATA)]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("forge:")]  # after the progress line
+    assert "--protocol forge" in line and "validation error" not in err and "pydantic" not in err, err

@@ -6,6 +6,7 @@ ends the run FAILED with one line and `--resume` continues, and SIGTERM ends it 
 test throws random misbehaviour at both kinds of source."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -315,3 +316,67 @@ def test_sigterm_while_a_reward_hangs_ends_forge_promptly(tmp_path):
     assert "Traceback" not in output
     assert set(_statuses(tmp_path / "out").values()) == {"KILLED"}  # stopped on request, not left RUNNING
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+
+
+# ----------------------------------------------------------------------------- scores and answers out of range
+HUGE = """
+def huge(prompts, completions, **fields):
+    return [10**400 for _ in completions]
+
+
+def huger(prompts, completions, **fields):
+    return [10**5000 for _ in completions]
+"""
+
+
+def test_a_score_too_large_for_a_float_is_one_line_naming_the_reward(tmp_path, no_worker_left):
+    with pytest.raises(RewardError, match=r"^w: score 0 is a 401-digit integer, too large for a float: not a finite number$"):
+        check_scores([10**400], 1, "w")
+    (tmp_path / "big.py").write_text(HUGE)
+    with reward(f"{tmp_path / 'big.py'}:huge") as r:
+        with pytest.raises(RewardError, match=r"reward '.*big.py:huge' on batch 3: score 0 is a 401-digit integer"):
+            r(["p"], ["a"], {}, batch=3)
+    with reward(f"{tmp_path / 'big.py'}:huger") as r:  # past what JSON carries: the worker says so
+        with pytest.raises(RewardError, match=r"on batch 5: its answer cannot be sent back as JSON: Exceeds the limit"):
+            r(["p"], ["a"], {}, batch=5)
+        with pytest.raises(RewardError, match=r"on batch 6: its answer cannot be sent back as JSON"):
+            r(["p"], ["a"], {}, batch=6)
+    with json_answer(lambda path: (b"[1" + b"0" * 400 + b"]", 200, {})) as url:
+        with pytest.raises(RewardError, match=rf"reward '{url}' on batch 4: score 0 is a 401-digit integer"):
+            reward(url, retries=0)(["p"], ["a"], {}, batch=4)
+
+
+def test_a_redirect_from_a_reward_endpoint_is_said_and_not_followed(no_worker_left):
+    with json_answer(lambda path: (b"", 302, {"Location": "https://login.example.com/sso?next=/score"})) as url:
+        with pytest.raises(RewardError) as info:
+            reward(url, retries=2)(["p"], ["a"], {}, batch=1)
+    msg = str(info.value)
+    assert "HTTP 302" in msg and "redirect" in msg and "https://login.example.com/sso?next=/score" in msg, msg
+    assert "does not follow redirects" in msg and "Expecting value" not in msg and "1 attempt(s)" in msg, msg
+
+
+@contextlib.contextmanager
+def json_answer(answer):
+    """A server on 127.0.0.1 answering each POST with `answer(path)`: (body, status, headers)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body, status, headers = answer(self.path)
+            self.send_response(status)
+            for k, v in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/score"
+    finally:
+        srv.shutdown()
+        srv.server_close()
