@@ -279,3 +279,26 @@ def test_an_endpoint_password_reaches_no_metric_name(tmp_path, capfd):
     leaked = [where for where, v in stored if password in v] + _leaks({"password": password}, [tmp_path / "out"],
                                                                         seen.out + seen.err)
     assert not leaked, leaked
+
+
+def test_an_exports_record_in_mlflow_is_scrubbed(tmp_path):
+    """forge export/deploy log their manifest, job request and destination on the Novella's run through
+    track.log_export: what it writes to the store passes forge.scrub too."""
+    import mlflow
+
+    from forge.track import log_export
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.create_experiment("x", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment) as run:
+        pass
+    token = "hf_" + _alnum(34)
+    log_export(uri, run.info.run_id, {"manifest.json": {"notes": f"pushed with {token}", "password": "letmein99"}},
+               f"https://ann:{token}@hub.example.com/x")
+    client = mlflow.MlflowClient(uri)
+    tags = client.get_run(run.info.run_id).data.tags
+    logged = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="export/manifest.json",
+                                                      dst_path=str(tmp_path / "dl"))).read_text()
+    assert tags["forge.exported_uri"] == "https://ann:***@hub.example.com/x"
+    assert token not in logged and "letmein99" not in logged and "<SECRET>" in logged

@@ -12,6 +12,7 @@ from typing import Any
 
 from forge.errors import ForgeError
 from forge.lineage import Lineage
+from forge.scrub import scrub, scrub_dict
 
 
 def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike[str]) -> dict[str, Any]:
@@ -82,13 +83,15 @@ def find_novella_run(tracking_uri: str, lineage: Lineage) -> str | None:
 
 def log_export(tracking_uri: str, run_id: str, files: dict[str, dict[str, Any]], exported_uri: str) -> list[str]:
     """Log an export's manifest/job request (`files`: artifact name -> dict) on the Novella's run,
-    tag the run and each registry version made from it with `exported_uri`; return 'name/version's."""
+    tag the run and each registry version made from it with `exported_uri`; return 'name/version's.
+    What it writes passes forge.scrub, as everything the tracker writes does."""
     import mlflow
 
+    exported_uri = scrub(exported_uri)
     mlflow.set_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient()
     for artifact, data in files.items():
-        client.log_dict(run_id, data, f"export/{artifact}")
+        client.log_dict(run_id, scrub_dict(data), f"export/{artifact}")
     client.set_tag(run_id, "forge.exported_uri", exported_uri)
     tagged = []
     for v in client.search_model_versions(f"run_id = '{run_id}'"):
