@@ -225,3 +225,27 @@ def test_reward_verify_of_a_judge_says_to_pass_protocol_forge(capsys):
     err = capsys.readouterr().err
     [line] = [line for line in err.splitlines() if line.startswith("forge:")]  # after the progress line
     assert "--protocol forge" in line and "validation error" not in err and "pydantic" not in err, err
+
+
+def test_an_rft_stage_whose_nova_metric_name_is_too_long_for_mlflow_keeps_all_its_metrics(tmp_path, tiny_checkpoint):
+    """Issue 34: the batch holding a 300-character metric name was refused by MLflow on its writer
+    thread, the stage FINISHED with no metric at all. Now every metric is there, that one shortened."""
+    from forge.track import MlflowTracker
+
+    (tmp_path / "odd.py").write_text(ODD)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Say thing {i}."}) + "\n" for i in range(4)))
+    stage = RftStage(name="rft", kind="rft", data=["p"], max_steps=1, seq_len=64, batch_size=2, group=2,
+                     max_new_tokens=4, log_every=1, optim={"lr": 1e-3},
+                     rewards=[{"source": f"{tmp_path / 'odd.py'}:long_name", "protocol": "nova", "timeout_s": 30}])
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
+    data = resolve_source("p", DataSource(path=str(path), holdout=0.0), tmp_path)
+    with tracker.run("rft") as run_id:
+        run_stage(stage, tiny_checkpoint, {"p": data}, tmp_path / "o", tracker)
+    client = tracker._mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and "train/reward_mean" in run.data.metrics
+    [short] = [k for k in run.data.metrics if k.startswith("reward.long_name.metric.mmm")]
+    assert len(short) <= 250 and run.data.metrics[short] == 1.0
+    names = json.loads(open(client.download_artifacts(run_id, "names.json")).read())
+    assert names[short] == "reward.long_name.metric." + "m" * 300
