@@ -16,7 +16,7 @@ MAX_PARAM_KEY = MAX_NAME
 MAX_EXPERIMENT_TAG_VALUE = 20000  # mlflow.utils.validation.MAX_EXPERIMENT_TAG_VAL_LENGTH (the shared view's JSON)
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
-METRICS_EVERY_S = 2.0  # metric rows are sent together this often (forge.track.tracker.log_metrics)
+METRICS_EVERY_S = 2.0  # metric rows are sent together this often (forge.track.sending)
 
 
 # forge's internal metric keys -> the names MLflow shows; a "/" makes MLflow's chart page group a
