@@ -52,6 +52,12 @@ CAUGHT = [
     ("a key inside a JSON string", '{"detail": "failed with secret=s3cr3t!"}', "s3cr3t!"),
     ("Azure connection string", "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=" + "Ab1+" * 22 + ";",
      "Ab1+" * 22),
+    ("S3 presigned URL", "https://b.s3.amazonaws.com/k?X-Amz-Security-Token=IQoJb3JpZ2luX2VjEJr%2F&X-Amz-Signature="
+     "4f1e2d3c4b5a69788796a5b4c3d2e1f0", "4f1e2d3c4b5a69788796a5b4c3d2e1f0"),
+    ("S3 presigned URL, token", "https://b.s3.amazonaws.com/k?X-Amz-Security-Token=IQoJb3JpZ2luX2VjEJr%2F&x=1",
+     "IQoJb3JpZ2luX2VjEJr%2F"),
+    ("IBM Cloud IAM key (detect-secrets' keyword form)", "ibm-cloud-iam-key: 1Ab2Cd3Ef4Gh5Ij6Kl7Mn8Op9Qr0St1Uv2Wx3Yz4Ab5C",
+     "1Ab2Cd3Ef4Gh5Ij6Kl7Mn8Op9Qr0St1Uv2Wx3Yz4Ab5C"),
     ("Authorization: Basic", "Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
     ("AWS secret beside its id", f"{AWS_ID} {AWS_SECRET}", AWS_SECRET),
     ("AWS secret key=", f"aws_secret_access_key={AWS_SECRET}", AWS_SECRET),

@@ -170,7 +170,7 @@ _SECRET_WORDS = frozenset({
 _KEY_QUALIFIERS = frozenset({
     "api", "access", "secret", "private", "priv", "auth", "client", "service", "account", "master", "signing",
     "encryption", "db", "database", "app", "consumer", "license", "subscription", "session", "storage", "shared",
-    "webhook", "deploy", "ssh", "hmac", "sas"})
+    "webhook", "deploy", "ssh", "hmac", "sas", "iam"})
 # "..._token" of a tokenizer (its special tokens: pad_token=<pad>, eos_token: </s>) is not a secret
 _TOKENIZER_WORDS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end", "stop",
                               "image", "video", "audio", "vision", "additional", "eot", "fim", "think"})
