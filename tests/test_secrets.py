@@ -2,7 +2,11 @@
 reward's exception message, a reward URL, a data path and the environment; a tiny `forge run` that
 fails on the reward, a tiny finished run and its `forge export` are made, and every byte of every
 file under the output folders (the MLflow store and its artifacts included), the export folder and
-what was printed is searched for each one. Unit tests of `forge.scrub` say what it keeps."""
+what was printed is searched for each one. Unit tests of `forge.scrub` say what it keeps (each
+shape it catches: tests/test_scrub.py). Issue 34, item 3: a reward raising `aws_secret_access_key=...
+hf=hf_... token=...` leaves none of them in any text of mlflow.db (tags, params, notes, metric
+names), the run folder or the output; `forge reward verify`, `forge validate`, a reward URL's metric
+names and an export's MLflow record print or write none either."""
 from __future__ import annotations
 
 import base64
