@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from forge.errors import ForgeError
+from forge.scrub import scrub
 from forge.lm.judge_rubrics import JudgeError, Rubric, load_rubric, parse_group, parse_score, unreadable
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
 
@@ -114,6 +115,19 @@ class LocalJudge:
         return out
 
 
+class _Refuse(urllib.request.HTTPRedirectHandler):
+    """No redirect is followed: urllib would resend the request, its API key with it, wherever the
+    Location header points."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise JudgeError(f"judge {req.full_url}: HTTP {code} {msg}: a redirect to {scrub(newurl)}; forge does not "
+                         "follow redirects for judges: set the judge to the URL that answers")
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_Refuse)
+
+
 class ChatEndpoint:
     """An OpenAI-compatible chat API (vLLM's server, a Bedrock OpenAI-compatible endpoint):
     POST {base}/chat/completions, greedy, the reply's text."""
@@ -135,7 +149,7 @@ class ChatEndpoint:
         for attempt in range(self.retries + 1):
             try:
                 req = urllib.request.Request(url, data=data, headers=self.headers, method="GET" if data is None else "POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                with _NO_REDIRECTS.open(req, timeout=self.timeout) as resp:
                     return json.loads(resp.read())
             except (urllib.error.URLError, OSError, ValueError) as e:
                 code = getattr(e, "code", None)

@@ -167,3 +167,44 @@ def test_a_judge_folder_without_a_tokenizer_is_one_line_naming_it(tiny_checkpoin
         shutil.copy(tiny_checkpoint / name, folder / name)
     with pytest.raises(ForgeError, match=rf"^judge {folder}: no tokenizer in the folder"):
         Judge(str(folder), JudgeOptions())
+
+
+def test_an_endpoint_judge_that_redirects_is_refused_and_its_key_goes_nowhere(monkeypatch):
+    """A chat endpoint answering 302 used to be followed by urllib, the Authorization header with it
+    (to whatever host Location named). forge follows no redirect for a judge, as for a reward."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_error(404)
+
+        do_POST = do_GET
+
+        def log_message(self, *a):
+            pass
+
+    class Redirects(Elsewhere):
+        def do_POST(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_address[1]}/steal")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    other, first = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere), ThreadingHTTPServer(("127.0.0.1", 0), Redirects)
+    for srv in (other, first):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("JUDGE_KEY", "sk-judge-secret")
+    try:
+        judge = Judge(f"http://127.0.0.1:{first.server_address[1]}/v1", JudgeOptions(model="m", api_key_env="JUDGE_KEY"),
+                      None, Reach(retries=0))
+        with pytest.raises(ForgeError, match=r"HTTP 302.*redirect to http://127\.0\.0\.1:\d+/steal.*does not follow"):
+            judge.score(["Q"], ["good"], {})
+    finally:
+        for srv in (other, first):
+            srv.shutdown()
+            srv.server_close()
+    assert seen == []  # nothing, and no key, reached the other server
