@@ -118,13 +118,28 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def outside_shards(names: Any) -> list[str]:
+    """The shard names of an index's weight_map that would leave the checkpoint folder (absolute, with
+    a `..` or empty segment, a backslash or a NUL) or are not strings: a crafted index must not make
+    forge read a file elsewhere. A shard is a file name or a relative path below the folder."""
+    bad = []
+    for name in names:
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or any(part in ("", ".", "..") for part in parts) or "\\" in name or "\0" in name:
+            bad.append(repr(name))
+    return bad
+
+
 def _weight_files(folder: Path) -> tuple[list[Path], list[str]]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(read_json(index)["weight_map"].values()))
+            shards = sorted(set(read_json(index)["weight_map"].values()), key=str)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return [], [f"{index.name} is not a valid safetensors index (no weight_map)"]
+        outside = outside_shards(shards)
+        if outside:
+            return [], [f"{index.name} names shard(s) outside the folder: {', '.join(outside)}"]
         missing = [s for s in shards if not (folder / s).is_file()]
         problems = [f"{index.name} names shard(s) that are missing: {missing}"] if missing else []
         return [folder / s for s in shards if s not in missing], problems

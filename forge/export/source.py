@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 import yaml
 
+from forge.base_check import outside_shards
 from forge.errors import ForgeError, not_safetensors
 from forge.lineage import Lineage
 
@@ -105,14 +106,25 @@ def weight_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     for index in ("model.safetensors.index.json", "adapter_model.safetensors.index.json"):
         if (folder / index).is_file():
-            names = json.loads((folder / index).read_text())["weight_map"].values()
-            return [folder / n for n in dict.fromkeys(names)]
-    files = sorted(folder.glob("*.safetensors"))
+            names = list(dict.fromkeys(json.loads((folder / index).read_text())["weight_map"].values()))
+            outside = outside_shards(names)
+            if outside:
+                raise ForgeError(f"{folder / index}: names shard(s) outside the folder: {', '.join(outside)}")
+            return _regular([folder / n for n in names])
+    files = _regular(sorted(folder.glob("*.safetensors")))
     if not files:
         bins = sorted(p.name for p in folder.glob("*.bin"))
         hint = f" (found {', '.join(bins)}: re-save it with safe_serialization=True)" if bins else ""
         raise ForgeError(f"{folder}: no *.safetensors weights{hint}")
     return files
+
+
+def _regular(paths: list[Path]) -> list[Path]:
+    """The paths, each a regular file: safetensors would wait forever on a FIFO named like a shard."""
+    for path in paths:
+        if path.exists() and not path.is_file():
+            raise ForgeError(f"{path}: not a regular file; weights are read only from regular files")
+    return paths
 
 
 def tensor_specs(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:

@@ -208,3 +208,27 @@ def test_export_and_deploy_errors_do_not_suggest_resume(command, monkeypatch, ca
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err == "forge: error: /exports/e: Read-only file system\n"
+
+
+def test_a_fifo_named_like_the_weights_is_refused_not_waited_on(model, tmp_path):
+    """safetensors would block on a FIFO until a writer came: the export names it and stops."""
+    weights = model / "model.safetensors"
+    weights.unlink()
+    os.mkfifo(weights)
+    # a subprocess, so that a hang ends the test at its timeout instead of blocking the suite
+    proc = subprocess.run([sys.executable, "-m", "forge.cli", "export", str(model), "--out", str(tmp_path / "e")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert "model.safetensors: not a regular file" in proc.stderr
+    assert "unexpected error" not in proc.stderr and not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/tmp/outside.safetensors", "a/../../x.safetensors"])
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(model, tmp_path, shard):
+    """A crafted index must not make forge read (and export) weights from elsewhere."""
+    from forge.base_check import check_base
+
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": shard}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any("outside the folder" in p and repr(shard) in p for p in check_base(model))
+    refused(model, tmp_path / "e", tmp_path, says="outside the folder")
