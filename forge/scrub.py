@@ -97,6 +97,13 @@ def _scrub_value(key: Any, value: Any) -> Any:
     return scrub_tree(value)
 
 
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    """An error's first line for a message, scrubbed before it is cut: a secret cut in half at the
+    limit would no longer match its detector."""
+    lines = str(error).strip().splitlines()
+    return scrub(lines[0] if lines else type(error).__name__)[:limit]
+
+
 def scrub_tree(tree: Any) -> Any:
     """A copy of a JSON-like tree (dicts, lists, tuples, scalars) with every string scrubbed."""
     if isinstance(tree, str):

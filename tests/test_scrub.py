@@ -190,3 +190,15 @@ def test_scrub_tree_replaces_a_value_whose_key_names_a_secret():
                                 "hf_token": "${HF_TOKEN}", "password": "", "api_key": 3}
     assert scrub_dict({"db_password": "letmein", "name": "tiny"}) == {"db_password": "<SECRET>", "name": "tiny"}
     assert scrub_tree(scrub_tree(tree)) == scrub_tree(tree)
+
+
+def test_an_errors_first_line_is_scrubbed_before_it_is_cut():
+    """A secret that straddles the message limit must not survive in part."""
+    from forge.scrub import first_line
+
+    secret = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dF3"
+    error = RuntimeError("x" * 290 + " hf=" + secret + "\nsecond line")
+    line = first_line(error)
+    assert len(line) <= 300 and "second" not in line
+    assert not any(secret[:n] in line for n in range(6, len(secret) + 1))
+    assert first_line(RuntimeError("")) == "RuntimeError"

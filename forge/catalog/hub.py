@@ -10,6 +10,7 @@ from typing import Callable
 from forge.base_check import TOKENIZER_FILES
 from forge.catalog.entries import CatalogPhase, forge_home, missing
 from forge.errors import ForgeError
+from forge.scrub import first_line
 
 
 def hub_cache() -> Path:
@@ -52,7 +53,7 @@ def snapshot(repo: str, revision: str, what: str, log: Callable[[str], None] | N
         raise ForgeError(f"{what}: no Hub repository {repo!r} (or it is gated: accept its licence on the Hub "
                          "and log in with `hf auth login`)") from None
     except (HfHubHTTPError, OSError) as e:
-        raise ForgeError(f"{what}: downloading hf://{repo}@{revision} failed: {str(e).splitlines()[0][:200]}") from None
+        raise ForgeError(f"{what}: downloading hf://{repo}@{revision} failed: {first_line(e, 200)}") from None
 
 
 def checkpoint(phase: CatalogPhase, log: Callable[[str], None] | None = None, download: bool = True) -> Path:

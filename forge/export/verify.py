@@ -13,6 +13,7 @@ import torch
 from forge.errors import ForgeError
 from forge.export.shapes import declared_parameters
 from forge.export.source import Source, source_tensors, tensor_specs
+from forge.scrub import first_line
 
 PROMPTS = ["Once upon a time", "The Zephyr-3 valve is rated for", "Question: what does the model know?\nAnswer:"]
 # relative logit error allowed: a few units of the format's rounding (bf16 keeps 8 significant
@@ -75,7 +76,7 @@ def _fits_the_files(src: Source, export_dir: Path) -> None:
         declared = declared_parameters(export_dir)
     except Exception as e:  # transformers' own validation of the config
         raise ForgeError(f"verify: {src.model_folder / 'config.json'} does not load in transformers: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+                         f"{type(e).__name__}: {first_line(e, 200)}") from None
     held = sum(torch.Size(shape).numel() for _, shape in tensor_specs(export_dir).values())
     if declared > held:
         raise ForgeError(f"verify: {src.model_folder / 'config.json'} declares {declared:,} parameters but the "

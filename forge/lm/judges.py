@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from forge.errors import ForgeError
-from forge.scrub import scrub
+from forge.scrub import first_line, scrub
 from forge.lm.judge_rubrics import JudgeError, Rubric, load_rubric, parse_group, parse_score, unreadable
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
 
@@ -69,7 +69,7 @@ class LocalJudge:
         try:
             self.tok: Any = AutoTokenizer.from_pretrained(folder)
         except (OSError, ValueError) as e:  # a damaged or unsupported tokenizer: transformers' own words
-            raise ForgeError(f"judge {label}: its tokenizer cannot be loaded: {str(e).strip().splitlines()[0][:300]}") from None
+            raise ForgeError(f"judge {label}: its tokenizer cannot be loaded: {first_line(e)}") from None
         model: Any = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
         self.model: Any = model.to(self.device).eval()
         self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)

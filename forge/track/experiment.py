@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.track.view import EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT, VIEW_TAG, headline_columns, run_url, view_state
+from forge.scrub import first_line
 
 MAX_RUNS = 200  # the stages of one pipeline; more are not read for the view
 
@@ -49,5 +50,5 @@ def after_run(mlflow: Any, run_id: str, uri: str) -> None:
         if uri.startswith(("http://", "https://")):
             print(f"forge: MLflow run page: {run_url(uri.rstrip('/'), experiment_id, run_id)}", flush=True)
     except Exception as e:  # the store failed after the run ended: the records are in, the view is not
-        print(f"forge: note: could not update the MLflow view of run {run_id}: {str(e).splitlines()[0][:200]}",
+        print(f"forge: note: could not update the MLflow view of run {run_id}: {first_line(e, 200)}",
               file=sys.stderr)

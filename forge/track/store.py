@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from forge.errors import ForgeError
+from forge.scrub import first_line
 
 
 @contextlib.contextmanager
@@ -66,7 +67,7 @@ def prepare_sqlite_store(db: Path) -> None:
         except OSError as e:
             raise ForgeError(f"MLflow store {db}: cannot create it: {e.strerror or e}") from None
         except Exception as e:  # sqlalchemy.exc.OperationalError and kin: unwritable folder etc.
-            raise ForgeError(f"MLflow store {db}: cannot create it: {str(e).splitlines()[0][:300]}") from None
+            raise ForgeError(f"MLflow store {db}: cannot create it: {first_line(e)}") from None
         finally:
             tmp.unlink(missing_ok=True)
     head = dbu._get_latest_schema_revision()

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
-from forge.scrub import scrub, scrub_dict, scrub_tree
+from forge.scrub import first_line, scrub, scrub_dict, scrub_tree
 from forge.track import registry
 from forge.track.experiment import after_run, use_experiment
 from forge.track.names import (KEPT_TAG, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, Keys, flatten,
@@ -74,7 +74,7 @@ class MlflowTracker:
                 mlflow.set_tracking_uri(uri)
                 use_experiment(mlflow, experiment, artifact_dir)  # a model-development experiment
         except Exception as e:  # MlflowException, or the HTTP client's connection errors
-            raise ForgeError(f"MLflow store {uri}: cannot be used: {str(e).splitlines()[0][:300]}") from None
+            raise ForgeError(f"MLflow store {uri}: cannot be used: {first_line(e)}") from None
 
     # ---------------------------------------------------------------------- store faults
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -88,13 +88,13 @@ class MlflowTracker:
             fn(*args, **kwargs)
         except Exception as e:
             if self.on_error != "buffer":
-                raise ForgeError(f"MLflow store failed while logging {what}: {str(e).splitlines()[0][:300]} "
+                raise ForgeError(f"MLflow store failed while logging {what}: {first_line(e)} "
                                  f"({self.uri}); to keep training through store failures, set "
                                  "tracking.on_error: buffer") from None
             self._pending.append((what, lambda: fn(*args, **kwargs)))
             self._buffered += 1
             if self._buffered == 1:
-                why = scrub(str(e).splitlines()[0][:300])
+                why = first_line(e)
                 print(f"forge: warning: MLflow store failed while logging {what}: {why}; "
                       "training goes on, buffering records and retrying", file=sys.stderr, flush=True)
 
@@ -166,7 +166,7 @@ class MlflowTracker:
                 except Exception as e:  # the store is gone: never hide the error that got us here
                     with contextlib.suppress(Exception):
                         mlflow.tracking.fluent._active_run_stack.get().clear()
-                    print(f"forge: warning: could not mark the MLflow run {status} ({str(e).splitlines()[0][:200]}); "
+                    print(f"forge: warning: could not mark the MLflow run {status} ({first_line(e, 200)}); "
                           "the next run in this folder marks it FAILED", file=sys.stderr)
                 else:
                     if not nested:  # a pipeline's parent: the experiment's view shows it (forge.track.view)

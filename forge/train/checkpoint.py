@@ -23,6 +23,7 @@ import torch
 
 from forge.errors import ForgeError
 from forge.files import atomic_dir
+from forge.scrub import first_line
 
 STATE = "forge_state.json"      # step, tokens, metrics, data position; the stage result when final
 TRAINING = "training_state.pt"  # optimizer, scheduler, RNG
@@ -111,7 +112,7 @@ def _load_training(file: Path) -> dict[str, Any]:
         return training
     except pickle.UnpicklingError as e:
         raise ForgeError(f"{file}: refused: it holds objects that are not allowed in a training state "
-                         f"(loading is weights_only): {str(e).splitlines()[0][:200]}") from None
+                         f"(loading is weights_only): {first_line(e, 200)}") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
 

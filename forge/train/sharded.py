@@ -22,6 +22,7 @@ import torch
 
 from forge.errors import ForgeError
 from forge.files import atomic_dir
+from forge.scrub import first_line
 from forge.train import checkpoint as files
 from forge.train import fsdp
 from forge.train.checkpointer import FinalSave, FullCheckpointer, Process
@@ -87,7 +88,7 @@ class ShardedCheckpointer:
             dcp_load(shards, checkpoint_id=str(path / SHARDS))
         except Exception as e:  # DCP raises its CheckpointException (and others) for what it cannot reshard
             raise ForgeError(f"{path}: cannot load the sharded checkpoint of {saved} processes on {world}: "
-                             f"{str(e).splitlines()[0][:300]}") from None
+                             f"{first_line(e)}") from None
         set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
         rng = path / f"rng-{_rank()}.pt"
         state["rng"] = files.load_state_part(rng if rng.is_file() else path / f"rng-{_rank() % saved}.pt")
