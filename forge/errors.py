@@ -1,11 +1,12 @@
 """Errors that forge reports to users as a clear message rather than a traceback."""
 from __future__ import annotations
 
+import contextlib
 import errno
-import os
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 
 class ForgeError(Exception):
@@ -53,3 +54,24 @@ def _head(path: Path) -> tuple[bytes, bool]:
         return b"", True
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def aws_errors() -> Iterator[None]:
+    """botocore's and boto3's errors as one line each (they never hold the credentials), for every
+    command that calls AWS (forge deploy, forge launch --submit); boto3 is imported only here."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except NoCredentialsError:
+        raise ForgeError("no AWS credentials found (boto3's standard chain: environment, ~/.aws, SSO, "
+                         "instance or task role)") from None
+    except NoRegionError:
+        raise ForgeError("no AWS region: give --region or set AWS_REGION") from None
+    except ClientError as e:
+        err = e.response.get("Error", {})
+        raise ForgeError(f"AWS {e.operation_name}: {err.get('Code', '?')}: {err.get('Message', '')}") from None
+    except (BotoCoreError, S3UploadFailedError) as e:
+        raise ForgeError(f"AWS: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

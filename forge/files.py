@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from forge.errors import ForgeError
+
 
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
@@ -35,6 +37,22 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
+
+def out_folder(given: str | Path, say: str, noun: str) -> Path:
+    """The real path of an output folder a user named (`say` starts each refusal, `noun` is what
+    goes there): never a symbolic link, the current directory or a folder holding it, or a mount
+    point, which forge would replace by a rename. The caller checks what may already be there."""
+    path = Path(given)
+    if path.is_symlink():
+        raise ForgeError(f"{say}: a symbolic link (to {os.readlink(path)}); name the folder itself")
+    real = path.resolve()
+    cwd = Path.cwd().resolve()
+    if real == cwd or cwd.is_relative_to(real):
+        raise ForgeError(f"{say}: the current directory (or a folder holding it); name a new folder for {noun}")
+    if os.path.ismount(real):
+        raise ForgeError(f"{say}: a mount point; name a new folder inside it")
+    return real
 
 
 @contextlib.contextmanager

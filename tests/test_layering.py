@@ -51,7 +51,7 @@ IMPORT_MAP: dict[str, set[str]] = {
     # leaves
     "forge": set(),
     "forge.errors": set(),
-    "forge.files": set(),
+    "forge.files": {"forge.errors"},
     "forge.progress": set(),                               # progress lines, for every layer
     "forge.base_check": set(),
     "forge.usercode": {"forge.errors"},

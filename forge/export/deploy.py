@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, aws_errors
 from forge.export import bedrock
 from forge.export.layout import JOB_REQUEST, MANIFEST, redact_uri, sha256, write_job_request
 
@@ -121,9 +121,8 @@ def deploy(folder: Path, s3_uri: str, role_arn: str, opts: DeployOptions | None 
             f"{folder / JOB_REQUEST} (jobName {job}); nothing sent")
         return report
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
-    try:
+    with aws_errors():
         session = session or boto3.Session(region_name=region)
         s3, client = session.client("s3"), session.client("bedrock")
         log(f"uploading {folder} to {uri}")
@@ -136,16 +135,6 @@ def deploy(folder: Path, s3_uri: str, role_arn: str, opts: DeployOptions | None 
             final = wait_for_job(client, response["jobArn"], opts.poll_seconds, opts.timeout_seconds, log)
             report["status"] = final["status"]
             report["imported_model_arn"] = final.get("importedModelArn")
-    except NoCredentialsError:
-        raise ForgeError("no AWS credentials found (boto3's standard chain: environment, ~/.aws, SSO, "
-                         "instance or task role)") from None
-    except NoRegionError:
-        raise ForgeError("no AWS region: give --region or set AWS_REGION") from None
-    except ClientError as e:
-        err = e.response.get("Error", {})
-        raise ForgeError(f"AWS {e.operation_name}: {err.get('Code', '?')}: {err.get('Message', '')}") from None
-    except BotoCoreError as e:
-        raise ForgeError(f"AWS: {type(e).__name__}: {e}") from None
     _track(manifest, request, report, opts.tracking_uri, log)
     return report
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable
 
 from forge.errors import ForgeError
+from forge.files import out_folder
 from forge.rundir import LOCK, RUN
 
 MANIFEST = "forge-manifest.json"
@@ -21,16 +22,8 @@ NOVELLA = "lineage.json"
 
 def check_destination(out: Path, sources: Iterable[Path], overwrite: bool) -> Path:
     """The real path to write the export to; a ForgeError naming why, when `out` may not be written."""
-    given = Path(out)
     say = f"--out {out}"
-    if given.is_symlink():
-        raise ForgeError(f"{say}: a symbolic link (to {os.readlink(given)}); name the folder itself")
-    real = given.resolve()
-    cwd = Path.cwd().resolve()
-    if real == cwd or cwd.is_relative_to(real):
-        raise ForgeError(f"{say}: the current directory (or a folder holding it); name a new folder for the export")
-    if os.path.ismount(real):
-        raise ForgeError(f"{say}: a mount point; name a new folder inside it")
+    real = out_folder(out, say, "the export")
     for marks, what in (((RUN, LOCK), "the forge run folder"), ((NOVELLA,), "the Novella")):
         for folder in (real, *real.parents):
             if any(_exists(folder / m) for m in marks):

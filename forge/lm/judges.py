@@ -218,8 +218,8 @@ class BedrockJudge:
 def bedrock_client(model_id: str, region: str | None, timeout_s: float, retries: int) -> Any:
     try:
         import boto3
-        from botocore.config import Config  # type: ignore[import-untyped]
-        from botocore.exceptions import NoRegionError  # type: ignore[import-untyped]
+        from botocore.config import Config
+        from botocore.exceptions import NoRegionError
     except ImportError:
         raise ForgeError("a bedrock: judge needs boto3 (pip install 'forge[aws]')") from None
     config = Config(connect_timeout=timeout_s, read_timeout=timeout_s,

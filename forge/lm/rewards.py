@@ -312,8 +312,8 @@ def unique_labels(rewards: list["Reward"]) -> list[str]:
 def _boto_lambda(spec: RewardSource, where: str) -> Any:
     try:
         import boto3
-        from botocore.config import Config  # type: ignore[import-untyped]
-        from botocore.exceptions import NoRegionError  # type: ignore[import-untyped]
+        from botocore.config import Config
+        from botocore.exceptions import NoRegionError
     except ImportError:
         raise ForgeError("a lambda: reward needs boto3 (pip install 'forge[aws]')") from None
     config = Config(connect_timeout=spec.timeout_s, read_timeout=spec.timeout_s,

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, aws_errors
 from forge.progress import say
 
 ENGINES = ("torchrun", "slurm", "kubernetes", "sagemaker")
@@ -126,7 +126,7 @@ def _submit(args, launch, recipe, job: tuple, out: Path) -> str:
     from forge.plan.launch.channels import check_s3_sources
 
     req, inputs = job
-    with sagemaker.aws_errors():
+    with aws_errors():
         session = boto3.session.Session(region_name=args.region)
         s3, sm = session.client("s3"), session.client("sagemaker")
         sagemaker.check_bucket(s3, args.s3)

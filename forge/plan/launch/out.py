@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from forge.errors import ForgeError
-from forge.files import replace_dir
+from forge.files import out_folder, replace_dir
 
 MARKER = ".forge-launch"   # {"written_by": "forge launch", "files": {name: sha256}}
 EXECUTABLE = (".sh", ".sbatch")
@@ -25,19 +25,11 @@ def check_out(given: str) -> Path:
         raise ForgeError(f"{say}: an empty name (it would be the current directory); name a folder for the job")
     if "\0" in given:
         raise ForgeError(f"{say}: holds a NUL byte (\\0)")
-    path = Path(given)
-    if path.is_symlink():
-        raise ForgeError(f"{say}: a symbolic link (to {os.readlink(path)}); name the folder itself")
-    real = path.resolve()
-    cwd = Path.cwd().resolve()
-    if real == cwd or cwd.is_relative_to(real):
-        raise ForgeError(f"{say}: the current directory (or a folder holding it); name a new folder for the job")
+    real = out_folder(given, say, "the job")
     above = next(p for p in (real, *real.parents) if p.exists() or p.is_symlink())
     if not above.is_dir():
         raise ForgeError(f"{say}: {above} is a file, not a folder; forge launch never replaces a file")
     if above == real:
-        if os.path.ismount(real):
-            raise ForgeError(f"{say}: a mount point; name a new folder inside it")
         problem = not_a_job(real)
         if problem:
             raise ForgeError(f"{say}: a folder not written by forge launch ({problem}); name a new or empty folder")

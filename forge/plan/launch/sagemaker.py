@@ -6,7 +6,6 @@ channel): install forge, then torchrun on each instance with the node rank SageM
 resourceconfig.json gives."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import tarfile
@@ -175,23 +174,3 @@ def check_bucket(s3_client, s3: str) -> None:
         if code in ("403", "AccessDenied", "Forbidden"):
             raise ForgeError(f"--s3 {s3}: access to bucket {bucket!r} denied (nothing was uploaded)") from None
         raise
-
-
-@contextlib.contextmanager
-def aws_errors():
-    """botocore's and boto3's errors as one line each (never the credentials, which they do not hold)."""
-    from boto3.exceptions import S3UploadFailedError
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
-
-    try:
-        yield
-    except NoCredentialsError:
-        raise ForgeError("no AWS credentials found (boto3's standard chain: environment, ~/.aws, SSO, "
-                         "instance or task role)") from None
-    except NoRegionError:
-        raise ForgeError("no AWS region: give --region") from None
-    except ClientError as e:
-        err = e.response.get("Error", {})
-        raise ForgeError(f"AWS {e.operation_name}: {err.get('Code', '?')}: {err.get('Message', '')}") from None
-    except (BotoCoreError, S3UploadFailedError) as e:
-        raise ForgeError(f"AWS: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
