@@ -87,3 +87,19 @@ def test_a_long_metric_name_reaches_mlflow_shortened_and_the_other_metrics_with_
     assert names[short] == long and names[tag] == "t" * 300
     assert sorted(v for v in names.values() if v.startswith("reward.nnn")) == ["reward." + "n" * 260,
                                                                               "reward." + "n" * 259 + "x"]
+
+
+def test_a_resumed_run_keeps_the_full_names_an_earlier_process_saved(tmp_path):
+    """A resumed stage reopens its run in a new process (a new tracker): names.json gains the new
+    process's names and keeps those only the earlier one logged."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first, second = "a." + "m" * 300, "b." + "n" * 300
+    tracker = MlflowTracker(uri, "x")
+    with tracker.run("stage") as run_id:
+        tracker.log_metrics({first: 1.0}, step=1)
+    again = MlflowTracker(uri, "x")  # what a resumed process holds: nothing of the first one's tables
+    with again.run("stage", run_id=run_id):
+        again.log_metrics({second: 2.0}, step=2)
+    client = again._mlflow.MlflowClient()
+    names = json.loads(open(client.download_artifacts(run_id, "names.json")).read())
+    assert sorted(names.values()) == [first, second]

@@ -88,6 +88,16 @@ class Keys:
         return out
 
 
+def saved_names(mlflow: Any, run_id: str) -> dict[str, str]:
+    """The run's names.json as an earlier process wrote it ({} if there is none), so that a resumed
+    run's table keeps the names only the earlier process logged."""
+    try:
+        saved = mlflow.artifacts.load_dict(f"runs:/{run_id}/names.json")
+    except Exception:  # no such artifact yet: MLflow raises its own errors for a missing file
+        return {}
+    return {str(k): str(v) for k, v in saved.items()} if isinstance(saved, dict) else {}
+
+
 def _unique_path(name: str) -> bool:
     """MLflow may store a name as a file path: it must not resolve to another name (its path_not_unique)."""
     norm = posixpath.normpath(name)

@@ -36,7 +36,7 @@ from forge.scrub import first_line, scrub, scrub_dict, scrub_tree
 from forge.track import registry
 from forge.track.experiment import after_run, use_experiment
 from forge.track.names import (KEPT_TAG, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, Keys, flatten,
-                               metric_name, mlflow_key, param_conflicts, summary_value)
+                               metric_name, mlflow_key, param_conflicts, saved_names, summary_value)
 from forge.track.sending import MetricRows
 from forge.track.store import check_store_uri, fail_fast, prepare_sqlite_store
 
@@ -202,6 +202,7 @@ class MlflowTracker:
         """Each run's names.json: the full names of the keys mlflow_key changed (written when one is added)."""
         for run_id, names in self._keys.unsaved().items():
             if run_id:
+                names = {**saved_names(self._mlflow, run_id), **names}  # a resumed run keeps its earlier entries
                 self._call("names.json", self._mlflow.MlflowClient().log_dict, run_id, scrub_dict(names), "names.json")
 
     # ------------------------------------------------------------------- params, metrics
