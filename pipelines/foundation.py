@@ -13,6 +13,7 @@ the phase checkpoints, the sets and `foundation.json` (the catalog reads it, for
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -143,10 +144,22 @@ def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
     (staging / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
     manifest = {"family": FAMILY, "phases": phases, "curated": curated, "recipe": "recipe.resolved.yaml",
                 "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "harvest": harvest.fingerprint()}  # the installed text it read: builds elsewhere may differ
+                "corpus": corpus_record({n: staging / c["path"] for n, c in curated.items()}),
+                "harvest": harvest.fingerprint()}  # the standard library files it read
     (staging / "foundation.json").write_text(json.dumps(manifest, indent=2) + "\n")
     _swap_in(staging, out)
     return out
+
+
+def corpus_record(files: dict[str, Path]) -> dict[str, Any]:
+    """The corpus the phases were trained on, by content: each curated set's sha256 and one sha256
+    over them (`name<TAB>sha256` lines in name order): the figure `forge catalog show` prints."""
+    sets = {}
+    for name in sorted(files):
+        with open(files[name], "rb") as f:
+            sets[name] = hashlib.file_digest(f, "sha256").hexdigest()
+    total = hashlib.sha256("".join(f"{n}\t{h}\n" for n, h in sets.items()).encode()).hexdigest()
+    return {"sha256": total, "sets": sets}
 
 
 def _chat(spec: Any) -> dict | None:

@@ -62,6 +62,11 @@ def _show(name: str) -> int:
         print(f"licence: {fam.licence}")
     if not fam.built:
         print(build_note(f"catalog://{fam.name}@x") + "; until then its phases are the ones it will write:")
+    elif fam.build and fam.corpus:
+        print(f"corpus sha256: {fam.corpus.get('sha256')} (its curated sets, checked each time the family is read)")
+    elif fam.build:
+        print(f"corpus sha256: not recorded (built by an older forge, from other text); remove {fam.home} to "
+              "build it again")
     print("phases:")
     for ph in fam.phases.values():
         print(_phase_line(ph))
@@ -78,6 +83,9 @@ def _show(name: str) -> int:
         what = "chat " + c.chat.get("kind", "") if c.chat else f"text field {c.text_field!r}"
         stand = ", stand-in (not the family's own data)" if c.stand_in else ""
         print(f"  {c.name} [{c.purpose}] {c.location}: {what}{stand}")
+        digest = (fam.corpus or {}).get("sets", {}).get(c.name)
+        if digest:
+            print(f"      sha256: {digest}")
         for line in filter(None, [f"cite: {c.cite}" if c.cite else "", f"note: {c.note}" if c.note else "",
                                   f"licence: {c.licence}" if c.licence else ""]):
             print(f"      {line}")

@@ -5,6 +5,7 @@ unknown family, phase or set refused with the list of what exists."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ class Family:
     built: bool = True
     build_minutes: int | None = None
     build_recipe: str | None = None
+    corpus: dict[str, Any] | None = None  # a built family's corpus: sha256, each set's, what it was read from
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -186,6 +188,7 @@ def _read_built(fam: Family) -> None:
         data = read_json(manifest)
         phases, curated = data["phases"], data.get("curated") or {}
         fam.curated = {c: _curated(fam.name, c, r, fam.home) for c, r in curated.items()}
+        fam.corpus = data.get("corpus")
         fam.phases = {}
         for p, r in phases.items():
             folder = fam.home / r["path"]
@@ -195,6 +198,45 @@ def _read_built(fam: Family) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ForgeError(f"{manifest}: not a foundation manifest ({type(e).__name__}: {e}); rebuild it with "
                          f"forge run {fam.build_recipe or 'its recipe'}") from None
+    if fam.corpus is not None:
+        check_corpus(fam)
+
+
+def check_corpus(fam: Family) -> None:
+    """Each curated set's file still has the sha256 its foundation.json recorded (a set changed or
+    cut short since the build is another corpus than the phases were trained on)."""
+    assert fam.home is not None and fam.corpus is not None
+    sets = fam.corpus.get("sets") if isinstance(fam.corpus, dict) else None
+    if not isinstance(sets, dict):
+        raise ForgeError(f"{fam.home / 'foundation.json'}: corpus.sets: expected each curated set's sha256")
+    for name, want in sorted(sets.items()):
+        c = fam.curated.get(name)
+        got = file_sha256(c.path) if c is not None and c.path is not None else None
+        if got != want:
+            where = c.path if c is not None and c.path is not None else f"curated set {name!r}"
+            raise ForgeError(f"{where}: its sha256 is {got or 'missing'}, foundation.json recorded {want}: the "
+                             f"{fam.name} corpus changed since it was built; remove {fam.home} to build it again")
+
+
+def file_sha256(path: Path) -> str | None:
+    """The file's sha256 (None when it is not a readable regular file), cached by size and mtime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _sha256(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open_regular(Path(path)) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def local_facts(folder: Path) -> dict[str, Any]:

@@ -1,27 +1,34 @@
-"""Text that exists on any machine: the prose of the docstrings of the Python standard library and of
-the installed packages, harvested at build time by parsing their source files with `ast` (never
-importing them: a module such as `antigravity` acts when imported), deterministically (files in
-sorted order, fixed caps). forge.data.instructions and the forge-tiny foundation build on it.
+"""Text that exists on any machine: the prose of the docstrings and comments of the running Python's
+standard library, harvested at build time by parsing its source files with `ast` and `tokenize`
+(never importing them: a module such as `antigravity` acts when imported), deterministically (files
+in sorted order, fixed caps). Nothing else installed is read, so a checkout with more packages builds
+the same text. forge.data.instructions and the forge-tiny foundation build on it.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import os
 import platform
 import random
 import re
 import sysconfig
 import textwrap
+import tokenize
 import warnings
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+# Folders never read: tests, vendored copies, and the parts of the standard library that
+# distributions ship as separate packages (Debian's python3-tk, idle, python3-lib2to3,
+# python3-distutils, python3-venv), so a system Python and a python.org one read the same files.
 SKIP_DIRS = {"test", "tests", "testing", "__pycache__", "site-packages", "dist-packages", "idlelib", "lib2to3",
-             "turtledemo", "ensurepip", "_vendor", "vendor", "vendored", "examples", "docs", "benchmarks",
-             "node_modules", "build", "forge", "pipelines"}  # forge's own code is not general text
+             "turtledemo", "ensurepip", "tkinter", "distutils", "_vendor", "vendor", "vendored", "examples", "docs",
+             "benchmarks", "node_modules", "build", "forge", "pipelines"}  # forge's own code is not general text
+SKIP_FILES = {"turtle.py", "this.py", "antigravity.py"}  # turtle ships with Tk; the other two are jokes
 MAX_FILE_BYTES = 400_000      # larger files are mostly generated tables
 MAX_FILES_PER_ROOT = 20_000
 MIN_WORDS = 6                 # a paragraph with fewer words is a label, not prose
@@ -36,7 +43,7 @@ class Doc:
 
     module: str        # dotted module name, e.g. json.decoder
     name: str          # qualified name inside the module ("" for the module's own docstring)
-    kind: str          # module | class | function | topic (language reference) | readme (a distribution)
+    kind: str          # module | class | function | topic (language reference) | comments (a module's)
     text: str          # prose paragraphs joined by newlines, each unwrapped to one line
     prose: float       # share of the docstring's characters that survived as prose (0..1)
 
@@ -47,26 +54,20 @@ class Doc:
     @property
     def unit(self) -> str:
         """What is held out together: a module's docstrings, or one topic / one description."""
-        return self.key if self.kind in ("topic", "readme") else self.module
+        return self.key if self.kind == "topic" else self.module
 
     @property
     def titled(self) -> str:
         """The text under a line naming what it documents (so names and descriptions meet in training)."""
         head = {"module": f"Module {self.module}.", "topic": f"Python reference: {self.name}.",
-                "readme": f"The {self.module} package."}.get(self.kind, f"{self.module}.{self.name}:")
+                "comments": f"Notes in {self.module}."}.get(self.kind, f"{self.module}.{self.name}:")
         return f"{head}\n{self.text}"
 
 
 def default_roots() -> list[tuple[str, Path]]:
-    """(label, folder): the standard library, then each site-packages folder (deduplicated)."""
-    paths = sysconfig.get_paths()
-    roots, seen = [("stdlib", Path(paths["stdlib"]))], set()
-    for key in ("purelib", "platlib"):
-        p = Path(paths[key])
-        if p not in seen and p.is_dir() and p != roots[0][1]:
-            seen.add(p)
-            roots.append(("site", p))
-    return roots
+    """(label, folder): the running Python's standard library, and nothing that was installed
+    beside it (another set of packages would make another foundation)."""
+    return [("stdlib", Path(sysconfig.get_paths()["stdlib"]))]
 
 
 def source_files(root: Path, cap: int = MAX_FILES_PER_ROOT) -> list[Path]:
@@ -78,7 +79,7 @@ def source_files(root: Path, cap: int = MAX_FILES_PER_ROOT) -> list[Path]:
                          and not d.endswith((".dist-info", ".egg-info")))
         for name in sorted(files):
             path = Path(folder) / name
-            if name.endswith(".py") and not name.startswith("test_") and path.is_file() \
+            if name.endswith(".py") and not name.startswith("test_") and name not in SKIP_FILES and path.is_file() \
                     and not path.is_symlink() and path.stat().st_size <= MAX_FILE_BYTES:
                 out.append(path)
                 if len(out) >= cap:
@@ -89,7 +90,7 @@ def source_files(root: Path, cap: int = MAX_FILES_PER_ROOT) -> list[Path]:
 def fingerprint(roots: list[tuple[str, Path]] | None = None, cap: int | None = None) -> dict[str, object]:
     """What a harvest reads, named: the Python version, each root's label and file count, and a
     sha256 of every file's module name and size. Two builds with the same fingerprint parsed the
-    same files; another one (an upgraded package, another Python) means other text."""
+    same files; another one (another Python release) means other text."""
     digest, counts = hashlib.sha256(), {}
     for label, root in roots or default_roots():
         files = source_files(root, cap or MAX_FILES_PER_ROOT)
@@ -108,19 +109,43 @@ def module_name(root: Path, path: Path) -> str:
 
 def parse_docs(path: Path, module: str) -> list[Doc]:
     """The public docstrings of one file (module, classes, functions; private names skipped), read
-    with ast.parse: the file is never executed. A file that does not parse gives nothing."""
+    with ast.parse, then its prose comments as one more doc: the file is never executed. A file
+    that does not parse gives nothing."""
     try:
         source = path.read_bytes()
-        if b'"""' not in source and b"'''" not in source:
-            return []  # no docstring to find (a one-quote docstring is rare enough to miss)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # invalid escape sequences and the like
-            tree = ast.parse(source, filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, OSError, MemoryError):
+        docs: list[Doc] = []
+        if b'"""' in source or b"'''" in source:  # else no docstring to find (one-quote ones are rare)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escape sequences and the like
+                tree = ast.parse(source, filename=str(path))
+            _collect(tree, module, "", docs)
+        notes = comment_prose(source)
+        if notes:
+            docs.append(Doc(module, "", "comments", "\n".join(notes), 1.0))
+    except (SyntaxError, ValueError, RecursionError, OSError, MemoryError, tokenize.TokenError):
         return []
-    docs: list[Doc] = []
-    _collect(tree, module, "", docs)
     return docs
+
+
+def comment_prose(source: bytes) -> list[str]:
+    """The file's comment blocks (consecutive `#` lines, joined) that read as prose sentences."""
+    blocks: list[list[str]] = []
+    last = -2
+    for tok in tokenize.tokenize(io.BytesIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        line = tok.string.lstrip("#").strip()
+        if tok.start[0] == last + 1 and blocks:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+        last = tok.start[0]
+    out = []
+    for block in blocks:
+        text = _plain(" ".join(line for line in block if line).translate(_ASCII))
+        if _is_prose(text):
+            out.append(text)
+    return out
 
 
 def _collect(node: ast.AST, module: str, prefix: str, docs: list[Doc]) -> None:
@@ -189,10 +214,10 @@ def sentences(text: str) -> list[str]:
 
 def harvest(roots: list[tuple[str, Path]] | None = None, cap_files: int | None = None,
             workers: int = 2) -> list[Doc]:
-    """Every root's docstring prose in sorted file order, then the standard library's language
-    reference (pydoc_data/topics.py) and the installed distributions' descriptions (their METADATA);
-    a paragraph found twice (a re-exported docstring, a vendored copy) is kept once, where it first
-    occurs. `workers` processes parse files; the result does not depend on their number."""
+    """Every root's docstring and comment prose in sorted file order, then the standard library's
+    language reference (pydoc_data/topics.py); a paragraph found twice (a re-exported docstring, a
+    copied comment) is kept once, where it first occurs. `workers` processes parse files; the result
+    does not depend on their number."""
     return list(_harvest(tuple(roots or default_roots()), cap_files or MAX_FILES_PER_ROOT, workers))
 
 
@@ -202,7 +227,7 @@ def _harvest(roots: tuple[tuple[str, Path], ...], cap_files: int, workers: int) 
     seen: set[bytes] = set()
     docs = [d for found in _parse_all(jobs, workers) for d in found]
     for label, root in roots:
-        docs += topic_docs(root) if label == "stdlib" else metadata_docs(root)
+        docs += topic_docs(root) if label == "stdlib" else []
     return tuple(d for d in (_unseen(doc, seen) for doc in docs) if d is not None)
 
 
@@ -259,30 +284,6 @@ def topic_docs(stdlib: Path) -> list[Doc]:
                     if text:
                         docs.append(Doc("pydoc_data.topics", str(k.value), "topic", text, share))
     return docs
-
-
-def metadata_docs(site: Path) -> list[Doc]:
-    """Each installed distribution's description (the body of its *.dist-info/METADATA), as prose."""
-    docs = []
-    for meta in sorted(site.glob("*.dist-info/METADATA")):
-        try:
-            raw = meta.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        head, _, body = raw.partition("\n\n")
-        name = next((line[6:].strip() for line in head.splitlines() if line.startswith("Name: ")), meta.parent.name)
-        text, share = prose_of(body[:MAX_FILE_BYTES])
-        if text:
-            docs.append(Doc(name.lower().replace("-", "_"), "", "readme", text, share))
-    return docs
-
-
-def by_module(docs: list[Doc]) -> Iterator[tuple[str, list[Doc]]]:
-    """The docs grouped by module, modules in the order they were harvested."""
-    groups: dict[str, list[Doc]] = {}
-    for d in docs:
-        groups.setdefault(d.module, []).append(d)
-    yield from groups.items()
 
 
 def held_out(key: str, fraction: float) -> bool:

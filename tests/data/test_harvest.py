@@ -128,3 +128,38 @@ def test_instruction_tasks_answer_from_their_prompt():
             a, b = (int(x) for x in re.findall(r"\d+", r["prompt"]))
             assert r["chosen"] == str(max(a, b))
     json.dumps([r for r, _ in rows])  # plain JSON records
+
+
+CORPUS = """import hashlib, sys
+from pathlib import Path
+from forge.data import curated, generate
+out = Path(sys.argv[1])
+for name, n in (("general", 300), ("long", 40), ("instructions", 200)):
+    path = curated.write_curated(name, n, 0, out / f"{name}.jsonl", stories=generate.stories)
+    print(name, hashlib.sha256(path.read_bytes()).hexdigest())
+"""
+
+
+def test_the_corpus_does_not_depend_on_what_else_is_installed(tmp_path):
+    """The curated sets built in this environment and in a second one with one more package
+    installed (a venv seeing this one's packages, plus its own with docstrings) are the same bytes."""
+    import os
+    import subprocess
+
+    repo = Path(curated.__file__).parents[2]
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    site = Path(subprocess.run([str(other / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    (site / "forge_env.pth").write_text(f"{repo}\n{sysconfig.get_paths()['purelib']}\n")
+    (site / "extra_pkg").mkdir()
+    (site / "extra_pkg" / "__init__.py").write_text(
+        '"""The extra package explains how every harbour in the county keeps its lighthouse lit at night."""\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    runs = [subprocess.run([py, "-c", CORPUS, str(tmp_path / label)], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+            for label, py in (("here", sys.executable), ("there", str(other / "bin" / "python")))]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.count("\n") == 3
+    assert "lighthouse" not in (tmp_path / "there" / "general.jsonl").read_text()

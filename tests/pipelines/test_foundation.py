@@ -171,3 +171,54 @@ def test_a_second_builder_waits_for_the_first_and_reuses_its_family(tmp_path):
         proc.wait(timeout=30)
     assert len(lines) == 1 and "another process is building forge-tiny; waiting" in lines[0]
     assert (home / "foundation.json").read_text() == "{}" and not (home.parent / ".forge-tiny.build").exists()
+
+
+def _digests(home: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(f.relative_to(home)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(home.rglob("*")) if f.is_file() and f.name not in ("foundation.json", "recipe.resolved.yaml")}
+
+
+def test_the_build_is_bitwise_repeatable_and_records_its_corpus(built, tmp_path):
+    """A second build with the same recipe writes the same bytes: every phase's weights and
+    tokenizer, every curated set; foundation.json's corpus sha256 is the sets' own."""
+    from pipelines import foundation
+
+    home, _ = built
+    manifest = json.loads((home / "foundation.json").read_text())
+    files = {n: home / c["path"] for n, c in manifest["curated"].items()}
+    assert manifest["corpus"] == foundation.corpus_record(files) and len(manifest["corpus"]["sha256"]) == 64
+    assert set(manifest["corpus"]["sets"]) == set(manifest["curated"])
+    again = tmp_path / "foundations" / "forge-tiny"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(harvest, "MAX_FILES_PER_ROOT", 40)
+    harvest._harvest.cache_clear()
+    try:
+        foundation.build(again, lambda _: None, overrides=TINY)
+    finally:
+        mp.undo()
+        harvest._harvest.cache_clear()
+    first, second = _digests(home), _digests(again)
+    assert any(k.endswith("model.safetensors") for k in first) and first == second
+    assert json.loads((again / "foundation.json").read_text())["corpus"] == manifest["corpus"]
+
+
+def test_catalog_shows_the_corpus_and_refuses_a_changed_set(built, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from forge.cli import main
+
+    home, _ = built
+    copy = tmp_path / "home" / "foundations" / "forge-tiny"
+    shutil.copytree(home, copy)
+    monkeypatch.setenv("FORGE_HOME", str(tmp_path / "home"))
+    sha = json.loads((copy / "foundation.json").read_text())["corpus"]["sha256"]
+    assert main(["catalog", "show", "forge-tiny"]) == 0
+    out = capsys.readouterr().out
+    assert f"corpus sha256: {sha}" in out
+    with open(copy / "curated" / "general.jsonl", "a") as f:
+        f.write('{"text": "A record added after the build."}\n')
+    assert main(["catalog", "show", "forge-tiny"]) != 0
+    err = capsys.readouterr().err
+    assert "general.jsonl: its sha256 is" in err and "corpus changed since it was built" in err
