@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from forge import catalog
+from forge.data.augment import augment_source
 from forge.data.parallel import use_engine
 from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
@@ -85,6 +86,11 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
+    for name, cfg in recipe.data.items():
+        if cfg.augment is not None and cfg.augment.renderings > 1:  # after hygiene: dedup never sees the copies
+            with phase(f"data: writing {cfg.augment.renderings} renderings of each document of {name}"):
+                sources[name] = augment_source(sources[name], cfg.augment.renderings, cfg.augment.seed,
+                                               sources[name].fingerprint(), out / "data")
     # what stages read is encoded once, by the workers, into token caches beside the data
     sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}
     found = None

@@ -82,6 +82,18 @@ class GeneratedText(Strict):
     seed: int = 0
 
 
+class Augment(Strict):
+    """Renderings of a text source's documents that make their facts answerable later (Allen-Zhu and
+    Li, "Physics of Language Models: Part 3.1", arXiv:2309.14316: a fact seen in one fixed form is
+    stored but hard to extract; several renderings with the sentences permuted make it extractable).
+    Applied after hygiene, so deduplication never sees the copies as duplicates; a held-out document
+    is never copied (forge.data.augment)."""
+
+    renderings: int = Field(1, ge=1, le=64, description="times each training document is written; every copy "
+                            "after the first has its sentences in another order")
+    seed: int = Field(0, ge=0, description="the permutations' seed")
+
+
 class DataSource(Strict):
     """A named source: local files (a path, glob or folder), a saved `datasets` folder, a hub
     dataset (online only), generated text, or a catalog family's curated set (`source:
@@ -110,6 +122,7 @@ class DataSource(Strict):
     holdout: float = Field(0.05, ge=0, lt=0.5, description="fraction of documents held out for evaluation, in every stage")
     on_error: Literal["fail", "skip"] = Field("fail", description="a bad record stops the run, or is skipped and counted")
     max_errors: int = Field(100, ge=0, description="with on_error: skip, more bad records than this still fail")
+    augment: Augment | None = Field(None, description="more renderings of each document (text sources)")
 
     @model_validator(mode="after")
     def _one_origin(self) -> "DataSource":
@@ -138,6 +151,12 @@ class DataSource(Strict):
             self.chat = FormatSpec(**found.chat)
         if "holdout" not in self.model_fields_set and found.holdout is not None:
             self.holdout = found.holdout
+
+    @model_validator(mode="after")
+    def _augment_text(self) -> "DataSource":
+        if self.augment is not None and self.chat is not None:
+            raise ValueError("augment: renders plain-text documents; this source holds chat records")
+        return self
 
     @property
     def cleaned(self) -> bool:
