@@ -1,7 +1,8 @@
 """The quickstart pipeline: the Novella pipeline (stages, evaluation against the starting
 checkpoint, gates, registration: pipelines/novella.py), then the Novella exported for Amazon
 Bedrock Custom Model Import, and the start-versus-Novella headline (fact recall on held-out and on
-training phrasings, general perplexity, instruction following) logged on the run and shown as the
+training phrasings and on the products known only from documents, general perplexity, instruction
+following) logged on the run and shown as the
 start-versus-Novella lines of the run's summary (forge.eval.summary, printed by `forge run`).
 
     forge run recipes/quickstart.yaml
@@ -23,6 +24,7 @@ from pipelines import novella
 # (what the line says, the suite's metric; {general} is the first general source)
 HEADLINE = (("fact recall, held-out phrasings", "fact_recall.heldout.exact"),
             ("fact recall, training phrasings", "fact_recall.train.exact"),
+            ("fact recall, document-only products", "fact_recall.doconly.exact"),
             ("general perplexity ({general})", "ppl.{general}"),
             ("general perplexity rise vs start", "retention.{general}"),
             ("instruction following (held-out)", "instruct.accuracy"))

@@ -3,6 +3,8 @@ products (look-alike names with different values), specifications, prices that d
 region, policies and support answers; written as paraphrase-augmented documents (continued
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
 a training phrasing and once in a held-out one (forge/data/kb_phrasings.yaml holds the phrasings).
+A third of the product lines are document-only: their facts are in the documents and in no question
+of any training set, so the evaluation's `doconly` split asks what only continued pretraining taught.
 
 Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_chat | kb_qa | kb_eval, documents: N, seed: S}`.
 """
@@ -40,6 +42,7 @@ _FAULTS = ["blocked", "leaking", "worn", "loose", "overheated", "corrupted", "we
 TIERS = ("Standard", "Plus", "Enterprise")
 DISCOUNTS = {"Plus": 10, "Enterprise": 25}           # percent off the list price
 SURCHARGES = (10, 20, 30)                            # percent above list price, one per non-home region
+DOC_ONLY = 3                                         # product lines known only from the documents (of 8)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class KnowledgeBase:
     intros: dict[str, str]               # entity -> its documents' first sentence (products have none)
     products: list[str] = field(default_factory=list)
     look_alikes: list[tuple[str, ...]] = field(default_factory=list)  # products whose names differ by a suffix
+    doc_only: frozenset[str] = frozenset()  # entities never asked about in training (whole product lines)
+
+    def asked(self) -> list[tuple[int, Fact]]:
+        """(index, fact) of the facts training questions ask: all but the document-only ones."""
+        return [(i, f) for i, f in enumerate(self.facts) if f.entity not in self.doc_only]
 
 
 @lru_cache(maxsize=1)
@@ -145,7 +153,9 @@ def build(seed: int = 0, families: int = 8) -> KnowledgeBase:
         entity = f"support-{i // 5}"
         intros[entity] = f"{company} support: what the error codes on the display mean."
         add("error", entity, meaning, code=code)
-    return KnowledgeBase(seed, company, facts, intros, products, alikes)
+    # whole product lines, so a document-only product has no look-alike whose answers were drilled
+    lines = random.Random(f"forge-kb-doconly:{seed}").sample(alikes, min(DOC_ONLY, len(alikes)))
+    return KnowledgeBase(seed, company, facts, intros, products, alikes, frozenset(p for g in lines for p in g))
 
 
 def tier_price(price: int, surcharge: int, discount: int) -> int:
@@ -202,12 +212,12 @@ def _question(f: Fact, i: int, rounds: int) -> str:
 
 
 def qa_records(kb: KnowledgeBase, n: int) -> list[dict]:
-    """`n` SFT chat records: every fact in its first training phrasing, then every fact in its
-    second, and so on (_question), so any n >= the fact count covers every fact as the eval set's
-    train split asks it."""
+    """`n` SFT chat records: every asked fact (not document-only) in its first training phrasing,
+    then in its second, and so on (_question), so any n >= the asked fact count covers every one as
+    the eval set's train split asks it."""
     out, rounds = [], 0
     while len(out) < n:
-        for i, f in enumerate(kb.facts):
+        for i, f in kb.asked():
             out.append(chat(_question(f, i, rounds), f.value))
             if len(out) == n:
                 break
@@ -219,8 +229,8 @@ def faq_pages(kb: KnowledgeBase, n: int) -> list[str]:
     """`n` question-and-answer pages in plain text (Q: ... A: ...), the entities in turn: each page
     asks every fact of its entity once, in the training phrasings (the same questions as the SFT
     records, in the same order of rounds), so the catalogue's FAQ is training text too."""
-    names, by_entity = entities(kb), {}
-    for i, f in enumerate(kb.facts):
+    names, by_entity = [e for e in entities(kb) if e not in kb.doc_only], {}
+    for i, f in kb.asked():
         by_entity.setdefault(f.entity, []).append((i, f))
     pages = []
     for k in range(n):
@@ -239,15 +249,17 @@ def _title(kb: KnowledgeBase, entity: str) -> str:
 
 
 def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
-    """Each of the first `n` facts (all by default) asked twice: in a training phrasing (split
-    `train`, the one the SFT records ask it in first) and in a held-out one (split `heldout`, never
-    in training text; an attribute's facts take its held-out templates in turn). Records hold
-    question, answer, split, fact, attribute and template."""
+    """Each of the first `n` facts (all by default) asked: an asked fact twice, in a training
+    phrasing (split `train`, the one the SFT records ask it in first) and in a held-out one (split
+    `heldout`, never in training text); a document-only fact once, in a held-out phrasing (split
+    `doconly`). An attribute's facts take its held-out templates in turn. Records hold question,
+    answer, split, fact, attribute and template."""
     out, seen = [], Counter()
     for i, f in enumerate(kb.facts[:n]):
         p, k = phrasings()[f.attribute], seen[f.attribute]  # the k-th fact of its attribute
         seen[f.attribute] += 1
-        for split, templates in (("train", p["ask"]), ("heldout", p["heldout"])):
+        asks = (("doconly", p["heldout"]),) if f.entity in kb.doc_only else (("train", p["ask"]), ("heldout", p["heldout"]))
+        for split, templates in asks:
             t = (i if split == "train" else k) % len(templates)  # train: the SFT records' first phrasing
             out.append({"question": f.fill(templates[t], value=False), "answer": f.value, "split": split,
                         "fact": f.id, "attribute": f.attribute, "template": f"{f.attribute}.{split}.{t}"})

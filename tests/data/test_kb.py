@@ -96,11 +96,28 @@ def test_every_fact_is_asked_once_per_split(base):
     rows = kb.eval_records(base)
     for split in ("train", "heldout"):
         asked = [r["fact"] for r in rows if r["split"] == split]
-        assert sorted(asked) == sorted(f.id for f in base.facts)
+        assert sorted(asked) == sorted(f.id for _, f in base.asked())
+    doconly = [r["fact"] for r in rows if r["split"] == "doconly"]
+    assert sorted(doconly) == sorted(f.id for f in base.facts if f.entity in base.doc_only)
     qa = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in kb.qa_records(base, SIZES["kb_qa"])}
     for r in rows:  # the train split's questions are SFT questions, with the same answer
         if r["split"] == "train":
             assert qa[r["question"]] == r["answer"]
+
+
+def test_document_only_products_are_in_the_documents_and_in_no_training_question(base, tmp_path):
+    """A third or more of the products are document-only: stated in the documents, never named in
+    an SFT record, a FAQ page or a QA transcript (the mixed-training text), whatever their size."""
+    assert len(base.doc_only) * 3 >= len(base.products) and base.doc_only < set(base.products)
+    docs = "\n".join(kb.documents(base, SIZES["kb_docs"]))
+    assert all(p in docs for p in base.doc_only)
+    trained = [json.loads(line) for kind in ("kb_qa", "kb_chat", "kb_faq")
+               for line in write_generated(kind, 2 * SIZES["kb_qa"], 0, tmp_path / f"{kind}.jsonl").read_text().splitlines()]
+    text = "\n".join(json.dumps(r) for r in trained)
+    names = sorted(base.doc_only, key=len, reverse=True)
+    assert not [p for p in names if p in text]
+    asked = [r["question"] for r in kb.eval_records(base) if r["split"] == "doconly"]
+    assert len(asked) >= 60 and all(any(p in q for p in names) for q in asked)
 
 
 def _frame(template: str) -> str:

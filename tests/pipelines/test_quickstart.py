@@ -16,7 +16,7 @@ from forge import cli
 from forge.recipe import load_recipe
 
 # the real recipe, shrunk: few documents and steps, the tiny model's context, a few questions
-TINY = ["data.kb_docs.generate.documents=40", "data.kb_qa.generate.documents=60", "data.kb_eval.generate.documents=4",
+TINY = ["data.kb_docs.generate.documents=40", "data.kb_qa.generate.documents=60", "data.kb_eval.generate.documents=28",
         "stages[0].max_tokens=2048", "stages[0].seq_len=64", "stages[0].batch_size=4", "stages[1].max_tokens=null", "stages[1].max_steps=2",
         "stages[1].seq_len=128", "stages[1].batch_size=4", "stages[1].schedule.warmup_steps=0",
         "eval.fact_recall.max_new_tokens=4", "eval.instruct.max_new_tokens=4", "eval.instruct.limit=3",
@@ -33,8 +33,8 @@ def test_quickstart_prints_what_mlflow_holds(tiny_checkpoint, tmp_path, monkeypa
     out = capsys.readouterr().out
     head = out.index("quickstart: start -> Novella")
     printed = {m["metric"]: m for m in map(LINE.match, out[head:].splitlines()[1:]) if m}
-    assert set(printed) == {"fact_recall.heldout.exact", "fact_recall.train.exact", "ppl.general",
-                            "retention.general", "instruct.accuracy"}, out[head:]
+    assert set(printed) == {"fact_recall.heldout.exact", "fact_recall.train.exact", "fact_recall.doconly.exact",
+                            "ppl.general", "retention.general", "instruct.accuracy"}, out[head:]
 
     import mlflow
 
@@ -51,8 +51,10 @@ def test_quickstart_prints_what_mlflow_holds(tiny_checkpoint, tmp_path, monkeypa
     start = next(m["metrics"] for m in comparison["models"] if m["label"] == "start")
     assert float(params["quickstart.start.fact_recall.heldout.exact"]) == pytest.approx(
         start["fact_recall.heldout.exact"], abs=5e-4)
-    # four facts, each asked once per split
-    assert {comparison["models"][-1]["metrics"][f"fact_recall.{s}.exact"] * 4 % 1 for s in ("train", "heldout")} == {0}
+    # the first 28 facts: 24 of asked products, each asked once per split, and 4 of a document-only one
+    novella = comparison["models"][-1]["metrics"]
+    assert {round(novella[f"fact_recall.{s}.exact"] * n, 6) % 1 for s, n in (("train", 24), ("heldout", 24),
+                                                                             ("doconly", 4))} == {0}
 
     export = tmp_path / "run-bedrock"
     manifest = json.loads((export / "forge-manifest.json").read_text())
