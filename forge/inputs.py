@@ -1,12 +1,15 @@
-"""The one adapter from a recipe to what stages consume: data sources (read, fingerprinted and
-cleaned by hygiene), and the base checkpoint (a folder, or a tiny model built from a config)."""
+"""The one adapter from a recipe to what stages consume: data sources (read, fingerprinted, cleaned
+by hygiene, augmented), and the base checkpoint (a folder, or a tiny model built from a config)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from forge import catalog
 from forge.data.augment import augment_source
+from forge.data.hygiene import Hygiene
+from forge.data.rewrite import Clean, write_rewrites
 from forge.data.parallel import use_engine
 from forge.data.prepare import clean_sources
 from forge.data.generate import write_generated
@@ -15,6 +18,7 @@ from forge.data.sources import DATA_SUFFIXES, Source, find_files, is_saved_datas
 from forge.errors import ForgeError
 from forge.progress import phase
 from forge.recipe import DataSource, Recipe
+from forge.recipe.data import Rewrite
 from forge.scratch import build_scratch_base, scratch_key
 
 
@@ -74,6 +78,7 @@ class Inputs:
     hygiene: dict[str, int]         # hygiene counts (never the values found)
     base: Path                      # the first stage's input checkpoint
     catalog: dict | None = None     # a catalog base: family, phase, point, location, revision (lineage)
+    augmented: dict[str, dict[str, Any]] = field(default_factory=dict)  # model-written: generator and counts
 
 
 def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
@@ -86,11 +91,17 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
+    augmented: dict[str, dict[str, Any]] = {}
     for name, cfg in recipe.data.items():
-        if cfg.augment is not None and cfg.augment.renderings > 1:  # after hygiene: dedup never sees the copies
-            with phase(f"data: writing {cfg.augment.renderings} renderings of each document of {name}"):
-                sources[name] = augment_source(sources[name], cfg.augment.renderings, cfg.augment.seed,
-                                               sources[name].fingerprint(), out / "data")
+        a = cfg.augment  # after hygiene: dedup never sees the copies
+        extra = None
+        if a is not None and a.rewrite is not None:
+            extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], recipe, raw, out / "data")
+        if a is not None and (a.renderings > 1 or extra is not None):
+            with phase(f"data: writing {a.renderings} rendering(s) of each document of {name}"
+                       + (" and the model-written texts" if extra is not None else "")):
+                sources[name] = augment_source(sources[name], a.renderings, a.seed, sources[name].fingerprint(),
+                                               out / "data", extra)
     # what stages read is encoded once, by the workers, into token caches beside the data
     sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}
     found = None
@@ -103,7 +114,37 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         scratch = recipe.base.scratch
         key = scratch_key(scratch, [fingerprints[n] for n in scratch.tokenizer_sources])
         base = build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
-    return Inputs(raw, fingerprints, sources, hygiene, base, found)
+    return Inputs(raw, fingerprints, sources, hygiene, base, found, augmented)
+
+
+def _rewrite(name: str, settings: Rewrite, src: Source, recipe: Recipe, raw: dict[str, Source],
+             out_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """Model-written paraphrases and QA of `src`'s training documents (forge.data.rewrite, asked of
+    forge.lm.rewrite's generator only when not cached), and what the lineage records of them: the
+    generator (never a credential) and the counts kept and dropped."""
+    from forge.lm.rewrite import identity, open_writer
+
+    where = f"data.{name}.augment.rewrite.model"
+    generator = identity(settings, where)
+    keyed = settings.model_dump(include={"paraphrases", "questions", "seed", "max_new_tokens"})
+    keyed["hygiene"] = repr(recipe.hygiene)  # what cleans the output is part of what is written
+    with phase(f"data: model-written paraphrases and questions of {name} by {settings.model}"):
+        path, counts = write_rewrites(src, lambda: open_writer(settings, where), keyed, generator,
+                                      src.fingerprint(), _output_hygiene(name, recipe, raw), out_dir)
+    return path, {"generator": settings.model, "identity": generator, "file": str(path), **counts.as_dict()}
+
+
+def _output_hygiene(name: str, recipe: Recipe, raw: dict[str, Source]) -> Clean:
+    """The recipe's hygiene for model-written text, whatever the source's own setting (a generator
+    can write personal data or secrets that were never in the documents): PII and secrets as the
+    recipe says, decontamination against its evaluation sets, exact duplicates among the outputs."""
+    cfg = replace(recipe.hygiene, dedup="exact")
+    evals = (t for n in recipe.hygiene.decontaminate_against for _, t in raw[n].records())
+
+    def clean(records: Any) -> Any:
+        return Hygiene(cfg, evals).process(f"{name}.rewrite", records)
+
+    return clean
 
 
 def input_fingerprints(recipe: Recipe, inputs: Inputs) -> dict[str, str]:

@@ -68,7 +68,7 @@ class CleanedRecord(_Record):
 class DataRecord(_Record):
     """A data source as read and as trained on: never its content, only where, how big, its hash."""
 
-    omitted_when_none = ("cleaned",)
+    omitted_when_none = ("cleaned", "augment")
     location: str = ""
     files: list[str] = []
     format: str = ""
@@ -79,6 +79,7 @@ class DataRecord(_Record):
     tokens: int = 0              # tokens trained on, over all stages
     skipped_records: int = 0
     cleaned: CleanedRecord | None = None  # the hygiene cache the stages read instead, when cleaned
+    augment: dict[str, Any] | None = None  # model-written augmentation: its generator and counts kept/dropped
 
 
 class MergeRecord(_Record):

@@ -78,6 +78,10 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         lineage = new_lineage(recipe.name, base_spec(recipe.base), inputs.base, inputs.catalog)
         used = sorted({n for s in recipe.stages for n in s.sources})
         lineage.data = {n: source_record(inputs.raw[n], inputs.fingerprints[n], inputs.sources[n]) for n in used}
+        for n, record in inputs.augmented.items():  # model-written augmentation: the generator and its counts
+            if n in lineage.data:
+                lineage.data[n].augment = record
+            tracker.log_summary("data", {f"{n}.rewrite.{k}": v for k, v in record.items() if k != "file"})
         lineage.hygiene = dict(inputs.hygiene)
         place = RunPlace(out, folder.run_id if folder is not None else None, resume, recipe.parallelism)
         p = PipelineState(tracker, inputs, place,

@@ -38,7 +38,7 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.plan": {"forge.track", "forge.advice"} | SCHEMA | LEAVES,
     "forge.advice": SCHEMA | LEAVES,                       # starting-point advice: the catalog and the kinds table
     "forge.export": {"forge.track", "forge.quiet"} | SCHEMA | LEAVES,
-    "forge.inputs": {"forge.data", "forge.scratch"} | SCHEMA | LEAVES,
+    "forge.inputs": {"forge.data", "forge.scratch", "forge.lm"} | SCHEMA | LEAVES,  # forge.lm: augment.rewrite's generator
     "forge.scratch": {"forge.data"} | SCHEMA | LEAVES,
     "forge.quiet": {"forge.track"} | LEAVES,
     "forge.ui": {"forge.track"} | SCHEMA | LEAVES,

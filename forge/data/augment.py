@@ -48,11 +48,15 @@ def renderings(text: str, count: int, rng: random.Random) -> list[str]:
     return out
 
 
-def augment_source(src: Source, count: int, seed: int, fingerprint: str, out_dir: Path) -> Source:
+def augment_source(src: Source, count: int, seed: int, fingerprint: str, out_dir: Path,
+                   extra: Path | None = None) -> Source:
     """`src` with each training document in `count` renderings, round by round (every document's
-    first, then every document's second...), held-out documents once at their split's numbers;
-    written once as JSONL under `out_dir`, keyed by the source's fingerprint and the settings."""
-    key = hashlib.sha256(f"{fingerprint}:{count}:{seed}:{src.holdout_key}:{src.holdout}".encode()).hexdigest()[:16]
+    first, then every document's second...), then the training texts of `extra` (a JSONL of
+    {"text"} rows: model-written ones, forge.data.rewrite), held-out documents once at their
+    split's numbers; written once as JSONL under `out_dir`, keyed by the source's fingerprint, the
+    settings and `extra`'s name (which holds its own key)."""
+    added = extra.name if extra is not None else ""
+    key = hashlib.sha256(f"{fingerprint}:{count}:{seed}:{src.holdout_key}:{src.holdout}:{added}".encode()).hexdigest()[:16]
     path = out_dir / f"augment-{src.name}-{key}.jsonl"
     if not path.is_file():
         train: list[list[str]] = []
@@ -67,6 +71,9 @@ def augment_source(src: Source, count: int, seed: int, fingerprint: str, out_dir
                              f"{src.holdout}), so the copies could not be kept out of its evaluation split; give "
                              "more documents or holdout: 0")
         flagged = [({"text": doc[r]}, False) for r in range(count) for doc in train]
+        if extra is not None:
+            with open(extra, encoding="utf-8") as f:
+                flagged += [({"text": json.loads(line)["text"]}, False) for line in f if line.strip()]
         rows = aligned(flagged + [({"text": t}, True) for t in held], src.holdout_key, src.holdout)
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from forge.data.formats import FormatSpec
+from forge.recipe.address import check_address
 
 
 NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"  # names of stages and data sources (they become MLflow keys and file names)
@@ -82,6 +83,41 @@ class GeneratedText(Strict):
     seed: int = 0
 
 
+class Rewrite(Strict):
+    """Model-written augmentation, EntiGraph-style (Yang et al. 2024, "Synthetic continued
+    pretraining", arXiv:2409.07431): a chat model writes paraphrases of each training document and
+    question-answer pairs about it. A pair is kept only if its answer is found in the document, a
+    paraphrase only if each of its numbers and capitalised names is; the recipe's PII/secret
+    redaction runs on what is kept; the output is cached by source, settings and generator
+    (forge.data.rewrite, forge.lm.rewrite)."""
+
+    model: str = Field(min_length=3, description="the generator: a model folder, catalog://FAMILY@PHASE, an "
+                       "OpenAI-compatible http(s):// endpoint or bedrock:MODEL_ID")
+    paraphrases: int = Field(2, ge=0, le=16, description="paraphrases asked of each training document (one call each)")
+    questions: int = Field(3, ge=0, le=32, description="question-answer pairs asked of each training document "
+                           "(one call)")
+    seed: int = Field(0, ge=0, description="chooses each paraphrase's style; decoding is greedy, so the same seed "
+                      "gives the same output")
+    max_new_tokens: int = Field(256, gt=0, le=4096, description="the length of each answer of the generator")
+    served_model: str | None = Field(None, min_length=1, description="endpoint: the `model` field of the chat "
+                                     "request (default: the endpoint's first listed model)")
+    api_key_env: str | None = Field(None, min_length=1, description="endpoint: the environment variable holding "
+                                    "its API key (the key itself is never recorded)")
+    region: str | None = Field(None, description="bedrock: AWS region (default: boto3's)")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="endpoint / bedrock: one request")
+
+    @field_validator("model")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return check_address(value, "generator")
+
+    @model_validator(mode="after")
+    def _asks_something(self) -> "Rewrite":
+        if self.paraphrases == 0 and self.questions == 0:
+            raise ValueError("paraphrases and questions are both 0: nothing to generate")
+        return self
+
+
 class Augment(Strict):
     """Renderings of a text source's documents that make their facts answerable later (Allen-Zhu and
     Li, "Physics of Language Models: Part 3.1", arXiv:2309.14316: a fact seen in one fixed form is
@@ -92,6 +128,8 @@ class Augment(Strict):
     renderings: int = Field(1, ge=1, le=64, description="times each training document is written; every copy "
                             "after the first has its sentences in another order")
     seed: int = Field(0, ge=0, description="the permutations' seed")
+    rewrite: Rewrite | None = Field(None, description="paraphrases and question-answer pairs written by a chat "
+                                    "model, each checked against its document")
 
 
 class DataSource(Strict):
@@ -122,7 +160,8 @@ class DataSource(Strict):
     holdout: float = Field(0.05, ge=0, lt=0.5, description="fraction of documents held out for evaluation, in every stage")
     on_error: Literal["fail", "skip"] = Field("fail", description="a bad record stops the run, or is skipped and counted")
     max_errors: int = Field(100, ge=0, description="with on_error: skip, more bad records than this still fail")
-    augment: Augment | None = Field(None, description="more renderings of each document (text sources)")
+    augment: Augment | None = Field(None, description="more renderings of each document, and model-written "
+                                    "paraphrases and question-answer pairs (text sources)")
 
     @model_validator(mode="after")
     def _one_origin(self) -> "DataSource":

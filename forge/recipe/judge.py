@@ -1,37 +1,17 @@
 """Recipe schema of LLM judges (forge.lm.judges): how a `judge:` reward source or an
-`eval.llm_judge` block grades completions (rubric, pointwise or group scoring, score scale), and
-the check of the judge's address: a local folder, `catalog://FAMILY@PHASE`, an OpenAI-compatible
-`http(s)://` endpoint or `bedrock:MODEL_ID`."""
+`eval.llm_judge` block grades completions (rubric, pointwise or group scoring, score scale); the
+judge's address (a local folder, `catalog://FAMILY@PHASE`, an OpenAI-compatible `http(s)://`
+endpoint or `bedrock:MODEL_ID`) is checked by forge.recipe.address."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from forge.recipe.address import check_address
 from forge.recipe.data import NAME, Strict
 
 JUDGE_PREFIX = "judge:"  # a reward source `judge:<address>`
-
-
-def check_address(address: str) -> str:
-    """`address` if it names a judge forge can reach, else a ValueError saying what is expected."""
-    a = address.strip()
-    if a.startswith(("http://", "https://")) or (a.startswith("bedrock:") and len(a) > len("bedrock:")):
-        return a
-    if a.startswith("catalog://"):
-        from forge.catalog import resolve
-        from forge.errors import ForgeError
-
-        try:
-            resolve(a)  # an unknown family or phase is refused with the list of what exists
-        except ForgeError as e:
-            raise ValueError(f"judge {a!r}: {e}") from None
-        return a
-    if not (Path(a) / "config.json").is_file():
-        raise ValueError(f"judge {a!r}: expected a Hugging Face model folder (with config.json), catalog://FAMILY@PHASE, "
-                         "an OpenAI-compatible http(s):// endpoint or bedrock:MODEL_ID")
-    return a
 
 
 class JudgeOptions(Strict):
