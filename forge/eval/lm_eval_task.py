@@ -1,9 +1,14 @@
 """Standard benchmarks through lm-eval (optional: `pip install 'forge[eval]'`), run on the model
 already in memory. A task is an lm-eval task name or a path to a task YAML file (a local JSONL
-task works offline: `dataset_path: json` with `dataset_kwargs: {data_files: ...}`)."""
+task works offline: `dataset_path: json` with `dataset_kwargs: {data_files: ...}`). The data sets
+lm-eval loads are cached where the user's HF_DATASETS_CACHE or HF_HOME says, else in
+FORGE_HOME/datasets: never in the home folder's ~/.cache."""
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -28,6 +33,30 @@ def _task_names(tasks: list[str], root: Path | None) -> tuple[list[str], list[st
     return names, list(dict.fromkeys(include))
 
 
+def datasets_cache() -> Path:
+    """Where lm-eval's data sets go: HF_DATASETS_CACHE or HF_HOME/datasets, else FORGE_HOME/datasets."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "datasets"
+    from forge.catalog import forge_home
+
+    return forge_home() / "datasets"
+
+
+@contextlib.contextmanager
+def _datasets_cached_in(folder: Path) -> Iterator[None]:
+    """`datasets` reads its cache root from its config at each load: point it at `folder` meanwhile."""
+    import datasets.config
+
+    before = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = folder
+    try:
+        yield
+    finally:
+        datasets.config.HF_DATASETS_CACHE = before
+
+
 def run_lm_eval(model, tokenizer, settings, root: Path | None, device, batch_size: int = 8) -> dict[str, float]:
     """`lm_eval.<task>.<metric>` for each task (standard errors left out)."""
     try:
@@ -39,8 +68,9 @@ def run_lm_eval(model, tokenizer, settings, root: Path | None, device, batch_siz
     names, include = _task_names(settings.tasks, root)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
     manager = TaskManager(include_path=include or None)
-    out = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=settings.limit,
-                                  num_fewshot=settings.num_fewshot, log_samples=False)
+    with _datasets_cached_in(datasets_cache()):
+        out = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=settings.limit,
+                                      num_fewshot=settings.num_fewshot, log_samples=False)
     metrics = {}
     for task, row in (out or {}).get("results", {}).items():
         for key, value in row.items():
