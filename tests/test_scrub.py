@@ -101,6 +101,12 @@ def test_the_key_stays_readable_and_the_value_becomes_a_placeholder():
     assert scrub("forge-worker --token hunter2 --verbose") == "forge-worker --token <SECRET> --verbose"
 
 
+def test_a_yaml_style_word_after_a_secret_key_is_a_value_unless_the_sentence_goes_on():
+    assert scrub("password: letmein") == "password: <SECRET>"
+    assert scrub("db:\n  token: abcdefgh\n  api_key: abcdefghij\n") == "db:\n  token: <SECRET>\n  api_key: <SECRET>\n"
+    assert scrub("the secret: nobody knows") == "the secret: nobody knows"
+
+
 # forge's own words and figures that look like a key and a value: they stay as they are
 KEPT = [
     "tokens=1234", "train/tokens=3000000000", "token count: 12", "tokens_per_s=12.5", "max_new_tokens=4",

@@ -178,6 +178,7 @@ _NOT_VALUES = frozenset({"true", "false", "none", "null", "nil", "yes", "no", "o
                          "optional", "redacted", "hidden", "masked", "unset", "empty"})
 _AUTH_SCHEMES = frozenset({"basic", "bearer", "token", "digest", "negotiate", "ntlm", "apikey", "aws4-hmac-sha256"})
 _CREDENTIAL = re.compile(r"[ \t]+(?P<cred>[^\s\"',;]{1,400})")
+_GOES_ON = re.compile(r"[ \t]+[A-Za-z]")  # another word after a value, on its line
 _GATE = re.compile(r"(?i)token|secret|pass|pwd|key|cred|signature|authorization")
 
 
@@ -226,5 +227,8 @@ def find_keyed(text: str) -> Spans:
             if cred is not None and not plain_value(cred["cred"]):
                 yield cred.span("cred")
             continue
-        if not plain_value(value, prose=group == "bare" and m["sep"] == ":"):
+        # `key: word` is prose only where the sentence goes on ("the secret: nobody knows"); a word
+        # ending its line or the text is a value (`password: letmein`, YAML's form)
+        prose = group == "bare" and m["sep"] == ":" and _GOES_ON.match(text, m.end()) is not None
+        if not plain_value(value, prose=prose):
             yield m.span(group)
