@@ -34,6 +34,11 @@ CAUGHT = [
     ("the issue's error", f"RuntimeError: aws_secret_access_key={AWS_SECRET} hf={HF}", AWS_SECRET),
     ("the issue's error, hf", f"RuntimeError: aws_secret_access_key={AWS_SECRET} hf={HF}", HF),
     ("key=value", "token=hunter2", "hunter2"),
+    ("GitLab feed token", "feed glft-Ab3dEf6hIj9kLm2nOp5q", "glft-Ab3dEf6hIj9kLm2nOp5q"),
+    ("GitLab runner registration", "GR1348941Ab3dEf6hIj9kLm2nOp5q", "GR1348941Ab3dEf6hIj9kLm2nOp5q"),
+    ("Slack xoxo-", "xoxo-523423-234243-234233-e039d02840a0b9379c", "e039d02840a0b9379c"),
+    ("SSH2 private key", "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nP2/56wAAAi4AAAA3aWYtbW9kbnt\n"
+     "---- END SSH2 ENCRYPTED PRIVATE KEY ----", "P2/56wAAAi4AAAA3aWYtbW9kbnt"),
     ("key: value", "secret: hunter2", "hunter2"),
     ("JSON", '{"api_key": "abc123def"}', "abc123def"),
     ("JSON, camelCase", '{"clientSecret": "s3cr3tvalue"}', "s3cr3tvalue"),

@@ -244,8 +244,9 @@ def _find_aws_secret(v: _View) -> Spans:
             yield m.span()
 
 
-_PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-_PEM_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+# PEM (five dashes) and SSH2 (four, with spaces: `---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----`)
+_PEM_BEGIN = re.compile(r"-{4,5} ?BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)? ?-{4,5}")
+_PEM_END = re.compile(r"-{4,5} ?END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)? ?-{4,5}")
 # A block with no END (a truncated record): the base64 and header lines that follow BEGIN,
 # split by newlines, JSON-escaped newlines or spaces (a key flattened onto one line).
 _PEM_TAIL = re.compile(r"(?:(?:\r?\n|\\n| )+(?:[A-Za-z0-9+/=]{16,}|(?:Proc-Type|DEK-Info|Comment):[^\n]*))*")

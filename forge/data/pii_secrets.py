@@ -19,8 +19,8 @@ Spans = Iterable[tuple[int, int]]
 # GitHub: classic ghp_/gho_/ghu_/ghs_/ghr_ + 36 base62; fine-grained github_pat_ + 82 (docs: "About
 # authentication to GitHub", token formats).
 _GITHUB = re.compile(r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,251})(?![A-Za-z0-9_])")
-# Slack: xoxb- bot, xoxp- user, xoxa-/xoxr- app/refresh, xoxs- session; numeric team/user parts.
-_SLACK = re.compile(r"x(?<![A-Za-z0-9]x)ox[bpars]-[0-9]{6,}-[A-Za-z0-9-]{8,}(?![A-Za-z0-9-])"
+# Slack: xoxb- bot, xoxp- user, xoxa-/xoxr- app/refresh, xoxs- session, xoxo-; numeric team/user parts.
+_SLACK = re.compile(r"x(?<![A-Za-z0-9]x)ox[bparso]-[0-9]{6,}-[A-Za-z0-9-]{8,}(?![A-Za-z0-9-])"
                     r"|h(?<![\w.]h)ooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,}")
 # OpenAI (sk-, sk-proj-), Anthropic (sk-ant-), Stripe secret keys (sk_live_/sk_test_).
 _API_KEY = re.compile(r"s(?<![\w-]s)k(?:-(?:proj-|ant-(?:api[0-9]{2}-)?|svcacct-)?[A-Za-z0-9_-]{20,}"
@@ -47,7 +47,8 @@ def find_slack(v) -> Spans:
 # plugins. The body must mix two of lower case, upper case and digits.
 _PREFIXED = (
     ("hf_", "hf_", "[A-Za-z0-9]{30,}"), ("api_org_", "api_org_", "[A-Za-z0-9]{30,}"),  # Hugging Face user / org
-    ("gl", "gl(?:pat|dt|ptt|rt|soat|cbt|oas)-", "[A-Za-z0-9_-]{20,}"),                 # GitLab
+    ("gl", "gl(?:pat|dt|ptt|rt|soat|cbt|oas|ft|imt|agent)-", "[A-Za-z0-9_-]{20,}"),   # GitLab
+    ("GR1348941", "GR1348941", "[A-Za-z0-9_-]{20,}"),                                  # GitLab runner registration
     ("npm_", "npm_", "[A-Za-z0-9]{36}"),                                               # npm
     ("pypi-", "pypi-AgE", "[A-Za-z0-9_-]{50,}"),                                       # PyPI (a macaroon)
     ("rk_", "rk_(?:live|test)_", "[A-Za-z0-9]{16,}"),                                  # Stripe restricted keys
