@@ -326,7 +326,7 @@ class SftStage(PostTrainSettings):
         0.0, ge=0, le=1, description="on replayed plain-text tokens, this share of the loss is the KL divergence from "
         "replay_teacher's next-token distribution (distillation against forgetting; it runs the teacher forward on "
         "the rows that hold replayed text, which best_fit packing keeps in blocks of their own); 0: plain language "
-        "modelling")
+        "modelling. A proprietary source (documents to learn) is never distilled: it keeps the plain loss")
     replay_teacher: Literal["input", "base"] = Field(
         "input", description="replay_distill's teacher: the stage's input model, or the pipeline's base (the "
         "checkpoint the recipe starts from: what the retention check compares with)")

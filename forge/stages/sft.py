@@ -7,9 +7,9 @@ best-fit into seq_len blocks whose position ids restart per example (forge.data.
 `replay_distill`, the replayed text into blocks of its own, spread evenly over the epoch), or padded
 per batch. Its own part of the loop (forge.train.loop.fit): those batches, the masked loss,
 held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
-`lora:` is set. With `replay_distill`, the replayed text's loss is (in that share) the KL
+`lora:` is set. With `replay_distill`, the replayed general text's loss is (in that share) the KL
 divergence from a frozen teacher: the stage's input model, or the pipeline's base
-(`replay_teacher`). The chat template is saved with the model.
+(`replay_teacher`); a proprietary text source (documents to learn) keeps the plain loss. The chat template is saved with the model.
 """
 from __future__ import annotations
 
@@ -108,7 +108,10 @@ def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
     for name in stage.data:
         stats = counts[name] = FormatStats()
         if getattr(sources[name], "chat", None) is None:  # plain text: replayed with loss on every token
-            taught = {"teach": True} if stage.replay_distill else {}  # their loss: distillation
+            # general text is distilled toward the teacher; a proprietary source (the customer's
+            # documents) is there to be learned, so it keeps the plain language-modelling loss
+            teach = stage.replay_distill and not getattr(sources[name], "proprietary", False)
+            taught = {"teach": True} if teach else {}
             examples += [{**ex, **taught} for ex in text_examples(sources[name], tokenizer, stage.seq_len, held_out,
                                                                    stats)]
             continue

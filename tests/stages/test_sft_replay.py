@@ -186,3 +186,21 @@ def test_without_distillation_an_epoch_packs_as_before():
     shuffled = [examples[i] for i in torch.randperm(len(examples), generator=g).tolist()]
     blocks = pack_best_fit(shuffled, 48, 0)
     assert stream.units == [blocks[i] for i in torch.randperm(len(blocks), generator=g).tolist()]
+
+
+def test_distillation_never_pulls_proprietary_documents_toward_the_teacher(tmp_path, tiny_checkpoint,
+                                                                           generated_sources):
+    """Documents given to SFT to be learned (a proprietary text source) keep the language-modelling
+    loss; only the general replay is distilled toward a teacher that never read them."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from forge.stages.sft import load_examples
+
+    sources = {**_sources(tmp_path, generated_sources), "docs": replace(generated_sources["domain"], proprietary=True)}
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    examples = load_examples(_sft(["qa", "general", "docs"], replay_distill=1.0), sources, tok, held_out=False)[0]
+    taught = {ex["record"][0] for ex in examples if ex.get("teach")}
+    assert taught == {"general"}
+    assert any(ex["record"][0] == "domain" for ex in examples)  # the documents are trained, with the plain loss
