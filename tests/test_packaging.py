@@ -16,7 +16,7 @@ def _readme_commands() -> list[str]:
 def test_readme_gives_exactly_two_commands_install_and_quickstart_then_tests():
     quickstart, tests = _readme_commands()
     assert "pip install torch==2.13.0" in quickstart and "forge run recipes/quickstart.yaml" in quickstart
-    assert "pip install -e '.[test]'" in tests and tests.rstrip().endswith("python -m pytest -q")
+    assert "pip install -e '.[test,eval]'" in tests and tests.rstrip().endswith("python -m pytest -q")
 
 
 def test_ci_runs_the_readme_test_command():
