@@ -88,10 +88,25 @@ def invented(paraphrase: str, passage: str) -> list[str]:
     return out
 
 
+_CONTENT = re.compile(r"[a-z][a-z'’-]{3,}")  # words of four letters or more: what a text is about
+
+
+def on_topic(paraphrase: str, passage: str) -> bool:
+    """The paraphrase states something of the passage: one of its numbers or names at least, and
+    at least 40% of its content words are the passage's (a fluent text about something else, or a
+    small model's babble, carries no fact of the document however little it invents)."""
+    facts = set(_NUMBER.findall(passage)) | {w.lower() for w in _CAPITAL.findall(passage)}
+    said = set(_NUMBER.findall(paraphrase)) | {w.lower() for w in _CAPITAL.findall(paraphrase)}
+    words = set(_CONTENT.findall(paraphrase.lower()))
+    known = set(_CONTENT.findall(passage.lower()))
+    return bool(facts & said) and bool(words) and len(words & known) >= 0.4 * len(words)
+
+
 def grounded_paraphrase(paraphrase: str, passage: str) -> bool:
-    """A paraphrase worth keeping: some words, not the passage itself, nothing invented."""
+    """A paraphrase worth keeping: some words, not the passage itself, on its topic, nothing invented."""
     p = normalise(paraphrase)
-    return len(p.split()) >= 3 and p != normalise(passage) and not invented(paraphrase, passage)
+    return (len(p.split()) >= 3 and p != normalise(passage) and on_topic(paraphrase, passage)
+            and not invented(paraphrase, passage))
 
 
 def parse_paraphrase(answer: str) -> str:

@@ -37,6 +37,9 @@ def test_paraphrases_with_invented_numbers_or_names_are_dropped():
     assert invented("ZX is the maker.", PASSAGE) == ["ZX"]  # unless they look like one
     assert not grounded_paraphrase(PASSAGE, PASSAGE)  # the passage itself adds nothing
     assert not grounded_paraphrase("Kettle.", PASSAGE)
+    # invents nothing, yet states nothing of the passage: a small model's babble, or another topic
+    assert not grounded_paraphrase("the first operand after median of the operandude of the operand", PASSAGE)
+    assert not grounded_paraphrase("It is a lovely morning and everyone walks to the river together.", PASSAGE)
 
 
 def test_answers_are_parsed_in_the_forms_models_write():
