@@ -143,8 +143,12 @@ def test_an_export_someone_added_to_or_a_faked_marker_is_refused(model, tmp_path
     refused(model, fake, tmp_path, "--overwrite", says="not written by forge export")
 
 
+# the child starts as a terminal's command would, whatever the runner ignores (a job started with
+# nohup or `&` inherits SIGHUP or SIGINT ignored, and forge rightly leaves an ignored signal alone)
 _CHILD = """
-import pathlib, sys, time
+import pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 import safetensors.torch as st
 real = st.save_file
 def slow(tensors, filename, metadata=None):
