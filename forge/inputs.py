@@ -94,14 +94,14 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     augmented: dict[str, dict[str, Any]] = {}
     for name, cfg in recipe.data.items():
         a = cfg.augment  # after hygiene: dedup never sees the copies
-        extra = None
-        if a is not None and a.rewrite is not None:
-            extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], recipe, raw, out / "data")
-        if a is not None and (a.renderings > 1 or extra is not None):
-            with phase(f"data: writing {a.renderings} rendering(s) of each document of {name}"
-                       + (" and the model-written texts" if extra is not None else "")):
-                sources[name] = augment_source(sources[name], a.renderings, a.seed, sources[name].fingerprint(),
-                                               out / "data", extra)
+        if a is None or (a.renderings == 1 and a.rewrite is None):
+            continue
+        fingerprint, extra = sources[name].fingerprint(), None  # read once: it hashes every byte
+        if a.rewrite is not None:
+            extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], fingerprint, recipe, raw, out / "data")
+        with phase(f"data: writing {a.renderings} rendering(s) of each document of {name}"
+                   + (" and the model-written texts" if extra is not None else "")):
+            sources[name] = augment_source(sources[name], a.renderings, a.seed, fingerprint, out / "data", extra)
     # what stages read is encoded once, by the workers, into token caches beside the data
     sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}
     found = None
@@ -117,8 +117,8 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     return Inputs(raw, fingerprints, sources, hygiene, base, found, augmented)
 
 
-def _rewrite(name: str, settings: Rewrite, src: Source, recipe: Recipe, raw: dict[str, Source],
-             out_dir: Path) -> tuple[Path, dict[str, Any]]:
+def _rewrite(name: str, settings: Rewrite, src: Source, fingerprint: str, recipe: Recipe,
+             raw: dict[str, Source], out_dir: Path) -> tuple[Path, dict[str, Any]]:
     """Model-written paraphrases and QA of `src`'s training documents (forge.data.rewrite, asked of
     forge.lm.rewrite's generator only when not cached), and what the lineage records of them: the
     generator (never a credential) and the counts kept and dropped."""
@@ -130,7 +130,7 @@ def _rewrite(name: str, settings: Rewrite, src: Source, recipe: Recipe, raw: dic
     keyed["hygiene"] = repr(recipe.hygiene)  # what cleans the output is part of what is written
     with phase(f"data: model-written paraphrases and questions of {name} by {settings.model}"):
         path, counts = write_rewrites(src, lambda: open_writer(settings, where), keyed, generator,
-                                      src.fingerprint(), _output_hygiene(name, recipe, raw), out_dir)
+                                      fingerprint, _output_hygiene(name, recipe, raw), out_dir)
     return path, {"generator": settings.model, "identity": generator, "file": str(path), **counts.as_dict()}
 
 

@@ -13,13 +13,19 @@ from forge.errors import ForgeError
 from forge.scrub import first_line
 
 
+def hf_cache(variable: str, folder: str) -> Path:
+    """A Hugging Face cache: the user's `variable` (HF_HUB_CACHE...) or HF_HOME/`folder`, else
+    FORGE_HOME/`folder` (never the home folder's ~/.cache)."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / folder
+    return forge_home() / folder
+
+
 def hub_cache() -> Path:
     """Where Hub snapshots go: the user's HF_HUB_CACHE or HF_HOME/hub, else FORGE_HOME/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return forge_home() / "hub"
+    return hf_cache("HF_HUB_CACHE", "hub")
 
 
 def offline() -> bool:

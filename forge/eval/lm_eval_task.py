@@ -6,7 +6,6 @@ FORGE_HOME/datasets: never in the home folder's ~/.cache."""
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -35,13 +34,9 @@ def _task_names(tasks: list[str], root: Path | None) -> tuple[list[str], list[st
 
 def datasets_cache() -> Path:
     """Where lm-eval's data sets go: HF_DATASETS_CACHE or HF_HOME/datasets, else FORGE_HOME/datasets."""
-    if os.environ.get("HF_DATASETS_CACHE"):
-        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "datasets"
-    from forge.catalog import forge_home
+    from forge.catalog.hub import hf_cache
 
-    return forge_home() / "datasets"
+    return hf_cache("HF_DATASETS_CACHE", "datasets")
 
 
 @contextlib.contextmanager
