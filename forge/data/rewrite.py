@@ -95,8 +95,10 @@ def on_topic(paraphrase: str, passage: str) -> bool:
     """The paraphrase states something of the passage: one of its numbers or names at least, and
     at least 40% of its content words are the passage's (a fluent text about something else, or a
     small model's babble, carries no fact of the document however little it invents)."""
-    facts = set(_NUMBER.findall(passage)) | {w.lower() for w in _CAPITAL.findall(passage)}
-    said = set(_NUMBER.findall(paraphrase)) | {w.lower() for w in _CAPITAL.findall(paraphrase)}
+    def named(text: str) -> set[str]:  # numbers and capitalised words, not "The" or "It" opening a sentence
+        return set(_NUMBER.findall(text)) | {w.lower() for w in _CAPITAL.findall(text)} - _TRIVIAL
+
+    facts, said = named(passage), named(paraphrase)
     words = set(_CONTENT.findall(paraphrase.lower()))
     known = set(_CONTENT.findall(passage.lower()))
     return bool(facts & said) and bool(words) and len(words & known) >= 0.4 * len(words)
