@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 # about 1.1B parameters
 BIG = {"hidden_size": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "intermediate_size": 8192,
        "vocab_size": 32000, "max_position": 2048}
+# GPT-2-small-like (~110M with the 32K vocab): short steps, where per-step host syncs show
+SMALL = {"hidden_size": 768, "layers": 12, "heads": 12, "kv_heads": 4, "intermediate_size": 2048,
+         "vocab_size": 32000, "max_position": 1024}
 TINY = {"hidden_size": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vocab_size": 512, "max_position": 256}
 
 MODES = {  # name -> overrides
@@ -42,8 +45,8 @@ MODES = {  # name -> overrides
 }
 
 
-def recipe(out: Path, quick: bool, steps: int) -> dict:
-    model, seq, batch = (TINY, 128, 4) if quick else (BIG, 2048, 8)
+def recipe(out: Path, quick: bool, steps: int, size: str = "big") -> dict:
+    model, seq, batch = (TINY, 128, 4) if quick else (SMALL, 1024, 8) if size == "small" else (BIG, 2048, 8)
     return {
         "name": "gpu-bench",
         "base": {"scratch": {**model, "tokenizer_sources": ["general"]}},
@@ -61,11 +64,13 @@ def recipe(out: Path, quick: bool, steps: int) -> dict:
 def run_mode(path: Path, out: Path, overrides: list[str]) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "-m", "forge.cli", "run",
            str(path), f"output={out}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("FORGE_SRC", str(REPO))}  # FORGE_SRC: another checkout's forge
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode:
-        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        return {"error": " / ".join(tail)}
+    (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode:  # forge's own error line, not torchrun's footer
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        said = [ln for ln in lines if ln.startswith(("forge:", "Traceback")) or "Error" in ln][-3:]
+        return {"error": " / ".join(said or lines[-5:])}
     state = json.loads((out / "stages" / "cpt" / "final" / "forge_state.json").read_text())
     return state["result"]["metrics"]
 
@@ -106,20 +111,27 @@ def main() -> None:
     ap.add_argument("--target", default="h200:1", help="what `forge plan --target` predicts for")
     ap.add_argument("--quick", action="store_true", help="a 2-layer model on CPU, eager only (the script's own check)")
     ap.add_argument("--modes", default=None, help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--size", choices=("big", "small"), default="big", help="big: ~1.1B; small: ~110M")
+    ap.add_argument("--logs", type=Path, default=None, help="copy each mode's full output here")
     args = ap.parse_args()
     steps = 4 if args.quick else args.steps
     modes = args.modes.split(",") if args.modes else (["eager"] if args.quick else list(MODES))
     root = Path(tempfile.mkdtemp(prefix="forge-bench-gpu-"))
     path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe(root / "out", args.quick, steps), sort_keys=False))
+    path.write_text(yaml.safe_dump(recipe(root / "out", args.quick, steps, args.size), sort_keys=False))
     # fp32 on CPU: no bf16 compute for FSDP2 either
     overrides = {m: [o for o in MODES[m] if not (args.quick and o.endswith("mixed_precision=bf16"))] for m in modes}
     try:
         results = {m: run_mode(path, root / m, overrides[m]) for m in modes}
         predicted = None if args.quick else predicted_step_s(path, args.target)
     finally:
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("*.log"):
+                shutil.copy(log, args.logs / log.name)
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{'quick: 2-layer model, CPU' if args.quick else f'~1.1B Llama-style, bf16, {steps} steps'}; "
+    shape = "~110M" if args.size == "small" else "~1.1B"
+    print(f"{'quick: 2-layer model, CPU' if args.quick else f'{shape} Llama-style, bf16, {steps} steps'}; "
           f"prediction: forge plan --target {args.target}")
     print(table(results, predicted))
     if any("error" in m for m in results.values()):

@@ -190,8 +190,8 @@ def heldout_figures(stage: DpoStage, reference: Reference, model: torch.nn.Modul
     for i in range(0, n, stage.batch_size):
         idx = list(range(i, min(i + stage.batch_size, n)))
         out = preference_loss(stage, reference, model, reference.batch("held", idx))
-        for k, v in {"loss": float(out.value), **out.stats}.items():
-            sums[k] = sums.get(k, 0.0) + v * len(idx)
+        for k, v in {"loss": out.value, **out.stats}.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(idx)
     model.train(was)
     return {f"eval_{k}": v / n for k, v in sums.items()}
 
@@ -221,7 +221,7 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
                 finish=lambda state: _outcome(stage, counts, state.tokens, data, (len(train), len(held)),
                                               inputs.checkpoint),
                 evaluate=(lambda step: heldout_figures(stage, reference, s.model)) if held else None,
-                samples=samples, chat_template=template, sources=inputs.sources,
+                samples=samples, samples_every=stage.samples.every, chat_template=template, sources=inputs.sources,
                 records=lambda: [train[i]["record"] for i in data.take_handed()])
     return fit(s, task, tracker)
 

@@ -258,17 +258,17 @@ def grpo_loss(stage: RftStage, model: torch.nn.Module, b: dict[str, torch.Tensor
     adv = b["adv"].unsqueeze(1)
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - stage.clip_eps, 1 + stage.clip_eps) * adv)
     m = b["cmask"]
-    count = max(1.0, m.sum().item())
-    stats = {"clip_fraction": (((ratio - 1).abs() > stage.clip_eps).float() * m).sum().item() / count}
+    count = m.sum().clamp(min=1)  # statistics stay tensors: the step reads nothing to the host
+    stats = {"clip_fraction": (((ratio - 1).abs() > stage.clip_eps).float() * m).sum().detach() / count}
     if "behav" in b:  # a rollout of older weights: truncated importance weights (IMPALA, Espeholt et al. 2018)
         w = torch.exp(b["old"] - b["behav"]).clamp(max=stage.rollout.is_cap)
         per_token = per_token * w
-        stats["is_weight"] = (w * m).sum().item() / count
+        stats["is_weight"] = (w * m).sum().detach() / count
     if "ref" in b:
         d = b["ref"] - logp
         kl = torch.exp(d) - d - 1
         per_token = per_token + stage.kl_beta * kl
-        stats["kl"] = (kl.detach() * m).sum().item() / count
+        stats["kl"] = (kl.detach() * m).sum() / count
     return Loss((per_token * m).sum() / m.sum().clamp(min=1), stats)
 
 
@@ -308,7 +308,8 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
         roll.heldout = prompt_rows(stage, inputs, held_out=True)[:stage.eval_tasks]
     task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,
                 tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
-                samples=roll.samples, before_step=roll.before_step, row=roll.row, evaluate=roll.evaluate,
+                samples=roll.samples, samples_every=stage.samples.every, before_step=roll.before_step, row=roll.row,
+                evaluate=roll.evaluate,
                 chat_template=roll.encoder.template, postfix="reward_mean", records=lambda: roll.records,
                 sources=inputs.sources)
     try:

@@ -166,8 +166,8 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],
                 loss=_loss(stage, s, train, inputs.base), data=data, tokens=lambda _: data.new_real_tokens(),
                 finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
-                evaluate=evaluate if held_batches else None, samples=samples,
-                row=lambda out: {"target_tokens": out.targets, "epoch": data.epoch}, chat_template=template,
+                evaluate=evaluate if held_batches else None, samples=samples, samples_every=stage.samples.every,
+                row=lambda out: {"target_tokens": float(out.targets), "epoch": data.epoch}, chat_template=template,
                 records=data.take_records, sources=inputs.sources)
     return fit(s, task, tracker)
 
@@ -189,8 +189,8 @@ def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]],
 
     def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Loss:
         total, count, kl = distilled_lm_loss_sum(model, teacher, batch, weight, collective=s.sharded)
-        n = max(int(count), 1)
-        return Loss(total / n, {"replay_kl": float(kl) / n})
+        n = count.clamp(min=1)  # a tensor: the step reads nothing to the host
+        return Loss(total / n, {"replay_kl": kl / n})
     return loss
 
 

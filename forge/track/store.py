@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from forge.errors import ForgeError
+from forge.track import internals
 from forge.scrub import first_line
 
 
@@ -54,7 +55,7 @@ def prepare_sqlite_store(db: Path) -> None:
         try:
             engine = dbu.create_sqlalchemy_engine(f"sqlite:///{tmp}")
             try:
-                dbu._initialize_tables(engine)  # the whole schema, migrations included
+                internals.initialize_tables(engine)
             finally:
                 engine.dispose()
             with open(tmp, "rb+") as f:
@@ -70,7 +71,7 @@ def prepare_sqlite_store(db: Path) -> None:
             raise ForgeError(f"MLflow store {db}: cannot create it: {first_line(e)}") from None
         finally:
             tmp.unlink(missing_ok=True)
-    head = dbu._get_latest_schema_revision()
+    head = internals.latest_schema_revision()
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
             rows = conn.execute("select version_num from alembic_version").fetchall()
@@ -91,9 +92,9 @@ def prepare_sqlite_store(db: Path) -> None:
 
 
 def mlflow_version() -> str:
-    from importlib.metadata import version
+    import mlflow
 
-    return version("mlflow")
+    return str(mlflow.__version__)
 
 
 def quiet_mlflow() -> None:

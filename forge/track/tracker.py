@@ -33,10 +33,21 @@ from typing import Any, Callable, Iterator
 
 from forge.errors import ForgeError
 from forge.scrub import first_line, scrub, scrub_dict, scrub_tree
-from forge.track import registry
+from forge.track import internals, registry
 from forge.track.experiment import after_run, use_experiment
-from forge.track.names import (KEPT_TAG, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, Keys, flatten,
-                               metric_name, mlflow_key, param_conflicts, saved_names, summary_value)
+from forge.track.names import (
+    KEPT_TAG,
+    MAX_PARAM_VALUE,
+    METRICS_PER_BATCH,
+    PARAMS_PER_BATCH,
+    Keys,
+    flatten,
+    metric_name,
+    mlflow_key,
+    param_conflicts,
+    saved_names,
+    summary_value,
+)
 from forge.track.sending import MetricRows
 from forge.track.store import check_store_uri, fail_fast, prepare_sqlite_store
 
@@ -165,7 +176,7 @@ class MlflowTracker:
                         mlflow.end_run(status)
                 except Exception as e:  # the store is gone: never hide the error that got us here
                     with contextlib.suppress(Exception):
-                        mlflow.tracking.fluent._active_run_stack.get().clear()
+                        internals.forget_active_run()
                     print(f"forge: warning: could not mark the MLflow run {status} ({first_line(e, 200)}); "
                           "the next run in this folder marks it FAILED", file=sys.stderr)
                 else:

@@ -137,8 +137,9 @@ def no_sync(model: torch.nn.Module) -> Iterator[None]:
             m.set_requires_gradient_sync(True, recurse=False)
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """The global gradient norm over every shard (clipped to `max_norm`), as DDP's clip reports it."""
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """The global gradient norm over every shard (clipped to `max_norm`), as DDP's clip reports it,
+    on the device."""
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
@@ -146,7 +147,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return float(norm)
+    return norm
 
 
 @contextlib.contextmanager

@@ -2,12 +2,12 @@
 saved (merged into the base, or as an adapter beside it) is the checkpointer's `save_final`."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from forge.train.settings import LoraSettings
 
-def wrap_lora(model: torch.nn.Module, lora: Any, where: str) -> torch.nn.Module:
+
+def wrap_lora(model: torch.nn.Module, lora: LoraSettings, where: str) -> torch.nn.Module:
     """The model as a PeftModel with the `lora:` block's adapters on its target modules."""
     from peft import LoraConfig, get_peft_model
 
@@ -19,6 +19,7 @@ def wrap_lora(model: torch.nn.Module, lora: Any, where: str) -> torch.nn.Module:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ForgeError(f"{where}: lora.target_modules {missing} are not modules of "
                          f"{type(model).__name__}; its linear layers: {linear}")
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    # lora_alpha: peft annotates an int but scales by alpha / r in floats; the recipe takes 16.0 or 8.5
+    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,  # type: ignore[arg-type]
                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)

@@ -18,7 +18,7 @@ class Loss:
     targets), which forge.train.step weights by target count across micro-batches and ranks."""
 
     value: torch.Tensor
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # 0-d: the step reads nothing to the host
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -125,12 +125,15 @@ def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     return total / count.clamp(min=1)
 
 
-def target_count(batch: torch.Tensor | dict[str, Any]) -> int:
-    """Target tokens in a batch: every position but the first of a block of token ids, or the
-    labelled positions (after the first) of a dict batch with `labels`; a dict batch may name its
-    own count under `targets` (its loss is then the mean over that many items)."""
+def target_count(batch: torch.Tensor | dict[str, Any]) -> int | torch.Tensor:
+    """Target tokens in a batch: every position but the first of a block of token ids (an int, from
+    its shape), or the labelled positions (after the first) of a dict batch with `labels`; a dict
+    batch may name its own count under `targets` (its loss is then the mean over that many items).
+    A dict batch's count is a 0-d tensor on the batch's device: counting reads nothing to the host."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] * (batch.shape[1] - 1)
     if "targets" in batch:  # a loss averaged over something else than tokens (DPO: pairs)
-        return int(batch["targets"])
-    return int((batch["labels"][:, 1:] != IGNORE).sum())
+        targets: torch.Tensor = torch.as_tensor(batch["targets"])
+        return targets
+    labelled: torch.Tensor = (batch["labels"][:, 1:] != IGNORE).sum()
+    return labelled

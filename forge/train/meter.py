@@ -23,11 +23,13 @@ class Meter:
     def __init__(self, flops: Flops | None = None, chips: int = 1) -> None:
         self.started = self._window_start = time.perf_counter()
         self.paused_seconds, self.steps, self._window_tokens, self.tokens = 0.0, 0, 0, 0
+        self._window_steps, self.step_seconds = 0, 0.0  # step_seconds: the last window's mean step time
         self.flops, self.chips = flops, max(1, chips)
 
     def step(self) -> None:
         """One optimizer step done."""
         self.steps += 1
+        self._window_steps += 1
 
     def add(self, tokens: int) -> None:
         """Real tokens trained on (all ranks), counted when the loop sums them over ranks."""
@@ -38,7 +40,9 @@ class Meter:
         """Tokens/s since the last call (training time only)."""
         now = time.perf_counter()
         tps = self._window_tokens / max(now - self._window_start, 1e-9)
-        self._window_start, self._window_tokens = now, 0
+        if self._window_steps:
+            self.step_seconds = (now - self._window_start) / self._window_steps
+        self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         return tps
 
     def utilisation(self, tokens_per_s: float) -> dict[str, float]:

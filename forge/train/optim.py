@@ -2,42 +2,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
 from forge.train.accel import has_fused_adamw
+from forge.train.settings import OptimSettings, ScheduleSettings
 
 
-# the recipe's `optim:` and `schedule:` blocks (forge.recipe.settings), read by attribute: the
-# training core does not import the recipe
-class Optim(Protocol):
-    @property
-    def lr(self) -> float: ...
-    @property
-    def weight_decay(self) -> float: ...
-    @property
-    def betas(self) -> tuple[float, float]: ...
-    @property
-    def eps(self) -> float: ...
-    @property
-    def fused(self) -> bool | None: ...   # None: fused on an accelerator, the per-tensor loop on CPU
-
-
-class Schedule(Protocol):
-    @property
-    def kind(self) -> str: ...            # cosine, linear, constant, wsd, anneal
-    @property
-    def warmup_steps(self) -> int: ...
-    @property
-    def min_lr_ratio(self) -> float: ...
-    @property
-    def decay_fraction(self) -> float: ...  # wsd
-    @property
-    def decay(self) -> str: ...           # wsd: linear, cosine, sqrt
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Optim, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: OptimSettings, device: torch.device) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not on norms and biases), as in GPT-3 / Llama training.
     Fused (one kernel for every parameter) when `cfg.fused`, or by default on an accelerator; the
     parameters must then already be on `device`, which torch checks when the optimizer is built."""
@@ -58,7 +31,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Optim, device: torch.device) ->
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
-def lr_factor(step: int, total: int, cfg: Schedule) -> float:
+def lr_factor(step: int, total: int, cfg: ScheduleSettings) -> float:
     """Multiplier on the peak LR at `step` (0-based): linear warmup, then the schedule's shape.
 
     Progress runs from 0 after warmup to 1 at `total` (one past the last step), so the rate after
@@ -87,11 +60,11 @@ def lr_factor(step: int, total: int, cfg: Schedule) -> float:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
-                    cfg: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
+                    cfg: ScheduleSettings) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
 
 
-def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: Optim, where: str,
+def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: OptimSettings, where: str,
                load: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Start from a previous stage's optimizer moments (Adam's m and v and step counts), keeping
     this stage's hyper-parameters (lr, betas, eps, weight decay). `load(saved)` puts the whole-model

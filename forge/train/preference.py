@@ -32,11 +32,11 @@ class PreferenceOut:
     chosen_rewards: torch.Tensor  # per pair, detached
     rejected_rewards: torch.Tensor
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, torch.Tensor]:
+        """0-d tensors on the device (a training step reads nothing to the host)."""
         margin = self.chosen_rewards - self.rejected_rewards
-        return {"rewards/chosen": self.chosen_rewards.mean().item(),
-                "rewards/rejected": self.rejected_rewards.mean().item(),
-                "rewards/margin": margin.mean().item(), "rewards/accuracy": (margin > 0).float().mean().item()}
+        return {"rewards/chosen": self.chosen_rewards.mean(), "rewards/rejected": self.rejected_rewards.mean(),
+                "rewards/margin": margin.mean(), "rewards/accuracy": (margin > 0).float().mean()}
 
 
 def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, beta: float, label_smoothing: float = 0.0,

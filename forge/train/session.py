@@ -6,9 +6,13 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 import torch
+
+if TYPE_CHECKING:  # imported when a session opens, not with the module
+    from accelerate import Accelerator
+    from transformers import PreTrainedTokenizerBase
 
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
@@ -19,9 +23,11 @@ from forge.train.checkpointer import Checkpointer, FinalSave
 from forge.train.compiled import compile_layers
 from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
+from forge.train.meter import Flops
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
 from forge.train.fsdp import Options
 from forge.train.parallel import STRATEGIES, Strategy, strategy
+from forge.train.settings import LoraSettings, TrainSettings
 from forge.train.state import TrainState
 
 
@@ -33,23 +39,23 @@ class Place(Protocol):
     resume: bool          # continue from the newest resume point in out_dir/checkpoints
     run_id: str | None    # resume continues only checkpoints this run wrote
     parallelism: Any      # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
-    flops: Any            # forge.train.meter.Flops (model FLOPs per token, the chip's peak), or None
+    flops: Flops | None   # model FLOPs per token and the chip's peak (None: no MFU)
 
 
 @dataclass
 class Session:
-    settings: Any             # the stage's TrainSettings
-    accelerator: Any
+    settings: TrainSettings
+    accelerator: Accelerator
     model: torch.nn.Module
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     total_steps: int
     memory: PeakMemory
     checkpoints: Checkpointer
     place: Place
     resume_from: Path | None  # the checkpoint this session continues, if resuming
-    lora: Any = None          # the stage's lora: block when it trains adapters
+    lora: LoraSettings | None = None  # when the stage trains adapters
     strategy: Strategy = STRATEGIES["ddp"]
     options: Options = Options()
 
@@ -129,8 +135,8 @@ class Session:
                                            FinalSave(keep, self.lora, Path(self.place.checkpoint)))
 
 
-def open_session(settings: Any, place: Place, configure: Callable[[Any], Any] | None = None,
-                 lora: Any = None) -> Session:
+def open_session(settings: TrainSettings, place: Place, configure: Callable[[Any], Any] | None = None,
+                 lora: LoraSettings | None = None) -> Session:
     """Set up a stage: accelerator and seed, the model (from the newest resumable checkpoint in
     `out_dir/checkpoints` when resuming), LoRA adapters (`lora`: only they train), the optimizer
     (carrying the input's moments over when `optim.carry_over`), the schedule over the stage's

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # step imports the session, which imports this module
+    from forge.train.step import DivergenceGuard
+
+
+class Stream(Protocol):
+    """A task's data: its position is part of the resume state."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def rng_state() -> dict[str, Any]:
@@ -30,10 +40,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 @dataclass
 class TrainState:
-    optimizer: Any
-    scheduler: Any
-    data: Any                 # the stage's data stream (state_dict / load_state_dict)
-    guard: Any = None         # forge.train.step.DivergenceGuard
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data: Stream
+    guard: DivergenceGuard | None = None
     step: int = 0             # optimizer steps done
     tokens: int = 0           # tokens trained on (all ranks)
     metrics: dict[str, Any] = field(default_factory=dict)

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -21,7 +21,7 @@ from forge.errors import ForgeError
 from forge.train import fsdp
 from forge.train.losses import Loss, target_count
 from forge.train.session import Session
-from forge.train.signals import GracefulStop
+from forge.train.settings import GuardSettings
 
 
 Record = tuple[str, int]  # (data source, record number): a record a batch holds
@@ -34,33 +34,28 @@ class Divergence(ForgeError):
 
 @dataclass
 class StepResult:
-    loss: float               # token-weighted mean loss of the step, all ranks
-    grad_norm: float | None
-    lr: float                 # the rate this step used
-    targets: int              # target tokens in the step, all ranks
+    """One step's figures. The tensors stay on the device (0-d) until the loop reads them at a log
+    step, a checkpoint or the end: reading one is a host sync, which a GPU pays for in idle time."""
+
+    loss: torch.Tensor         # token-weighted mean loss of the step, all ranks
+    grad_norm: torch.Tensor | None
+    lr: float                  # the rate this step used
+    targets: torch.Tensor      # target tokens in the step, all ranks
     skipped: str | None = None  # why the guard skipped the update
-    halt: bool = False        # some rank was asked to stop (every rank sees the same)
-    stat_sums: dict[str, float] = field(default_factory=dict)  # this rank's sum of stat x targets
-
-
-class Guard(Protocol):
-    """The recipe's `guard:` block (forge.recipe.settings.Guard), read by attribute."""
-
-    @property
-    def spike_factor(self) -> float | None: ...
-    @property
-    def window(self) -> int: ...
-    @property
-    def action(self) -> str: ...  # stop, skip
-    @property
-    def max_skips(self) -> int: ...
+    stat_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # this rank's sum of stat x targets
 
 
 class DivergenceGuard:
     """Trips on a non-finite loss or gradient norm, or on a loss above spike_factor x the mean of
-    the last `window` accepted losses; then stops the stage or skips the batch (`action`)."""
+    the last `window` accepted losses; then stops the stage or skips the batch (`action`).
 
-    def __init__(self, cfg: Guard, where: str, name: Callable[[list[Record]], list[str]] | None = None):
+    With `action: stop` the guard reads nothing per step: `watch` keeps each step's loss and norm
+    on the device, and `settle` reads them all at once at the loop's next log step, checkpoint or
+    end, and stops at the first bad step, naming it and its records. Until then a bad step's update
+    has been applied, but nothing is saved or evaluated before `settle`, so no checkpoint holds it.
+    `action: skip` must decide before the update, so it reads the loss and norm every step."""
+
+    def __init__(self, cfg: GuardSettings, where: str, name: Callable[[list[Record]], list[str]] | None = None):
         self.cfg, self.where, self.name = cfg, where, name  # name: records as `source file:line`
         self.recent: deque[float] = deque(maxlen=cfg.window)
         self.skipped = 0
@@ -68,6 +63,12 @@ class DivergenceGuard:
         self.batch: list[Record] = []  # the records of this rank's step being taken (set by the loop)
         self.named: list[str] = []     # the last tripped step's records, named
         self.note = ""                 # the last skip's message
+        self.tripped_at = 0            # the step the last trip named
+        self.pending: list[tuple[int, torch.Tensor, list[Record]]] = []  # (step, [loss, norm], records)
+
+    @property
+    def deferred(self) -> bool:
+        return self.cfg.action == "stop"
 
     def problem(self, loss: float, grad_norm: float | None) -> str | None:
         if not math.isfinite(loss):
@@ -81,10 +82,29 @@ class DivergenceGuard:
                 return f"loss {loss:.4g} spiked above {spike:g} x its running mean {mean:.4g}"
         return None
 
+    def watch(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Keep a step's figures (on the device) for `settle`."""
+        self.pending.append((step, torch.stack([loss.detach(), grad_norm.detach().to(loss.dtype)]), list(self.batch)))
+
+    def settle(self) -> None:
+        """Judge the watched steps in order, with one host read: accept the good ones, trip at the
+        first bad one (which raises: the deferred guard only stops)."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        values = torch.stack([v for _, v, _ in pending]).tolist()
+        for (step, _, records), (loss, norm) in zip(pending, values):
+            why = self.problem(loss, norm)
+            if why is not None:
+                self.batch = records
+                self.trip(step, why)
+            self.accept(loss)
+
     def trip(self, step: int, why: str) -> None:
         """Name the step's records; raise Divergence (action stop, or too many skips), else count a
         skip and keep its message in `note`."""
         self.skipped += 1
+        self.tripped_at = step
         self.named = self.name(self.batch) if self.name is not None and self.batch else []
         held = self.held(step)
         if self.cfg.action == "skip" and self.skipped <= self.cfg.max_skips:
@@ -108,6 +128,7 @@ class DivergenceGuard:
         self.recent.append(loss)
 
     def state_dict(self) -> dict[str, Any]:
+        self.settle()  # a resume point holds only judged steps
         return {"recent": list(self.recent), "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -122,56 +143,75 @@ def _no_sync(session: Session) -> Any:
     return fsdp.no_sync(model) if fsdp.is_sharded(model) else session.accelerator.no_sync(model)
 
 
-def _clip(session: Session, max_norm: float) -> float:
-    """Clip to `max_norm` and return the global gradient norm (over every shard under fsdp)."""
+def _clip(session: Session, max_norm: float) -> torch.Tensor:
+    """Clip to `max_norm` and return the global gradient norm (over every shard under fsdp), on the device."""
     if fsdp.is_sharded(session.model):
         session.accelerator.unscale_gradients()  # fp16's loss scale, as accelerate's own clip does
         return fsdp.clip_grad_norm(session.model, max_norm)
-    return float(session.accelerator.clip_grad_norm_(session.model.parameters(), max_norm))
+    norm = session.accelerator.clip_grad_norm_(session.model.parameters(), max_norm)
+    return norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    return batch.to(device) if isinstance(batch, torch.Tensor) else {k: v.to(device) for k, v in batch.items()}
 
 
 def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn.Module, Any], Any],
-               guard: DivergenceGuard, step: int, stop: GracefulStop | None = None) -> StepResult:
+               guard: DivergenceGuard, step: int) -> StepResult:
     """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step. `loss_fn`
-    returns a micro-batch's mean loss, or a `Loss` with the kind's statistics. Whether any rank was
-    asked to stop (`stop.requested`, read after the backward passes) travels in the loss's all-reduce."""
+    returns a micro-batch's mean loss, or a `Loss` with the kind's statistics. Nothing is read to the
+    host unless the guard skips bad steps (see DivergenceGuard): counts, loss and statistics are
+    0-d tensors on the device."""
     acc, model = session.accelerator, session.model
     world = acc.num_processes
-    counts = [target_count(b) for b in batches]
-    local = sum(counts)
-    total = local if world == 1 else int(acc.reduce(torch.tensor(local, device=acc.device), "sum").item())
+    batches = [_to(b, acc.device) for b in batches]
+    counts = [target_count(b) for b in batches]  # ints for blocks of token ids, else 0-d tensors
+    local: Any = sum(counts)
+    total = local if world == 1 else acc.reduce(torch.as_tensor(local, device=acc.device), "sum")
+    if isinstance(total, torch.Tensor):
+        total = total.clamp(min=1)
     step_loss = torch.zeros((), device=acc.device)
-    sums: dict[str, float] = {}
+    sums: dict[str, torch.Tensor] = {}
     for i, (batch, n) in enumerate(zip(batches, counts)):
         last = i == len(batches) - 1
-        batch = batch.to(acc.device) if isinstance(batch, torch.Tensor) else {k: v.to(acc.device) for k, v in batch.items()}
         with (contextlib.nullcontext() if last else _no_sync(session)):
             with acc.autocast():
                 out = loss_fn(model, batch)
             mean = out.value if isinstance(out, Loss) else out
-            loss = mean * (n * world / max(total, 1))
+            loss = mean * (n * world / total if isinstance(total, torch.Tensor) else n * world / max(total, 1))
             acc.backward(loss)
         step_loss += loss.detach()
         for k, v in (out.stats if isinstance(out, Loss) else {}).items():
-            sums[k] = sums.get(k, 0.0) + float(v) * n
-    stop_requested = bool(stop is not None and stop.requested)
-    if world == 1:
-        loss_value, halt = step_loss.item(), stop_requested
-    else:  # every rank sees the same loss (the guard decides alike) and the same stop
-        both = acc.reduce(torch.stack([step_loss, torch.tensor(float(stop_requested), device=acc.device)]), "sum")
-        loss_value, halt = both[0].item() / world, bool(both[1].item() > 0)
-    grad_norm = None
+            sums[k] = sums.get(k, 0) + torch.as_tensor(v).detach().to(acc.device, torch.float32) * n
+    if world > 1:  # every rank sees the same loss, so the guard decides alike
+        step_loss = acc.reduce(step_loss, "sum") / world
+    clip = session.settings.optim.grad_clip
+    lr = float(session.scheduler.get_last_lr()[0])  # a python float: the optimizer takes no tensor lr
+    why = _guarded_update(session, guard, step, (step_loss, clip if clip else float("inf")))
+    session.scheduler.step()
+    session.optimizer.zero_grad(set_to_none=True)
+    targets = torch.as_tensor(total if world > 1 else local)
+    return StepResult(step_loss, why[1], lr, targets, why[0], sums)
+
+
+def _guarded_update(session: Session, guard: DivergenceGuard, step: int,
+                    loss_clip: tuple[torch.Tensor, float]) -> tuple[str | None, torch.Tensor | None]:
+    """Clip and step the optimizer; (why the guard skipped the update, the gradient norm). A skipping
+    guard reads the loss first (and the norm), and a non-finite loss is not clipped."""
+    step_loss, max_norm = loss_clip
+    if guard.deferred:
+        grad_norm = _clip(session, max_norm)
+        guard.watch(step, step_loss, grad_norm)
+        session.optimizer.step()
+        return None, grad_norm
+    loss_value, norm = float(step_loss), None
     why = guard.problem(loss_value, None)
     if why is None:
-        clip = session.settings.optim.grad_clip
-        grad_norm = _clip(session, clip if clip else float("inf"))
-        why = guard.problem(loss_value, grad_norm)
-    lr = session.scheduler.get_last_lr()[0]
+        norm = _clip(session, max_norm)
+        why = guard.problem(loss_value, float(norm))
     if why is None:
         session.optimizer.step()
         guard.accept(loss_value)
     else:
         guard.trip(step, why)  # raises unless the batch is to be skipped
-    session.scheduler.step()
-    session.optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_value, grad_norm, lr, total, why, halt, sums)
+    return why, norm
