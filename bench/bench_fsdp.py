@@ -72,7 +72,8 @@ def launch(cfg: dict) -> None:
                           timeout=1800)
     if done.returncode != 0:
         at = done.stdout.find("Traceback")
-        sys.exit(f"the torchrun launch failed ({done.returncode}):\n{done.stdout[at:at + 4000] if at >= 0 else done.stdout[-4000:]}")
+        shown = done.stdout[at:at + 4000] if at >= 0 else done.stdout[-4000:]
+        sys.exit(f"the torchrun launch failed ({done.returncode}):\n{shown}")
 
 
 def table(out: Path, repeats: int) -> list[list]:

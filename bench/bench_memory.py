@@ -73,9 +73,9 @@ def _peak_mb() -> float:
 
 def child(corpus: Path, work: Path) -> dict:
     """Run the data path over `corpus`; return per-phase peak RSS (MB) and counts."""
+    from forge.data.hygiene import HygieneConfig
     from forge.data.mixing import build_mixture
     from forge.data.prepare import clean_sources
-    from forge.data.hygiene import HygieneConfig
     from forge.inputs import resolve_source
     from forge.recipe import DataSource, GeneratedText
     from forge.scratch import train_tokenizer

@@ -64,7 +64,7 @@ def write_recipe(path: Path, base: Path, documents: int, shapes: list[tuple[int,
 def train(recipe_path: Path, base: Path, sources: dict, out: Path) -> dict[str, float]:
     """Each stage trained from the base; its measured step time, recorded for calibration as `forge run` does."""
     from forge.kinds import KINDS
-    from forge.plan.runlog import log_measured
+    from forge.plan.record import log_measured
     from forge.recipe import load_recipe
     from forge.stages.result import StageInputs
     from forge.track import null_tracker

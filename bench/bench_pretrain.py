@@ -4,7 +4,8 @@
 
 (a) forge: the full stage (mixing and packing on the fly, accelerate, grad clipping, LR schedule,
 metrics to a real MLflow SQLite store); (b) bare: forward, backward, clip, optimizer step over blocks
-packed beforehand, with denormals flushed as forge's loop flushes them on a CPU (forge/train/denormals.py). Runs alternate a/b and the median of each is compared (the machine is noisy).
+packed beforehand, with denormals flushed as forge's loop flushes them on a CPU (forge/train/denormals.py).
+Runs alternate a/b and the median of each is compared (the machine is noisy).
 Prints tokens/s of each and forge's overhead, then the side-by-side table (bench/benchlib.py).
 `--quick`: a 2-layer hidden-64 model, 4 steps, one run each, no MLflow store (CI).
 """
@@ -22,7 +23,6 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from benchlib import machine_line, print_table, runs  # noqa: E402
-
 from forge.data.mixing import build_mixture  # noqa: E402
 from forge.inputs import resolve_source  # noqa: E402
 from forge.recipe import DataSource, GeneratedText, PretrainStage, ScratchBase  # noqa: E402

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from benchlib import machine_line, print_table, runs as every_run  # noqa: E402
 from bench_data import DATA, TOKENIZER, forge_pass  # noqa: E402
+from benchlib import machine_line, print_table, runs as every_run  # noqa: E402
 from forge.data.examples import sft_examples  # noqa: E402
 from forge.data.formats import FormatSpec, FormatStats  # noqa: E402
 from forge.data.packing import pack_best_fit  # noqa: E402
@@ -132,8 +132,7 @@ def bench_trl(tmp: Path, args) -> float:
 
 def bench_hf(tmp: Path, args) -> float:
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
-                              TrainingArguments)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     tok.pad_token = tok.pad_token or tok.eos_token

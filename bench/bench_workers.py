@@ -46,8 +46,8 @@ def _bound(before: tuple[float, float], workers: int) -> tuple[float, float]:
 
 
 def _one(corpus: Path, work: Path, workers: int, tok) -> dict:
-    from forge.data.hygiene import HygieneConfig
     from forge.data.blocks import Ranks
+    from forge.data.hygiene import HygieneConfig
     from forge.data.mixing import Mix, build_mixture, launch_mixture
     from forge.data.parallel import PrepareConfig
     from forge.data.prepare import clean_sources
@@ -84,7 +84,8 @@ def _one(corpus: Path, work: Path, workers: int, tok) -> dict:
             "_ids": (cache, digest.hexdigest(), stats["hygiene.records_out"]), "_tokens": tokens,
             "hygiene peak MB a worker": peak, "hygiene CPU s": hyg_cpu, "tokenize CPU s": enc_cpu,
             "hygiene records/s, idle cores": stats["hygiene.records_in"] / hyg_bound,
-            "tokenize+pack tokens/s, idle cores": tokens / (enc_bound + pack_bound), "_records": stats["hygiene.records_in"], "_bytes": corpus.stat().st_size}
+            "tokenize+pack tokens/s, idle cores": tokens / (enc_bound + pack_bound),
+            "_records": stats["hygiene.records_in"], "_bytes": corpus.stat().st_size}
 
 
 def compare(counts: list[int], size_mb: float, repeats: int, tokenizer: Path) -> None:

@@ -98,8 +98,8 @@ def _run(args) -> int:
     if _build_foundations(args, recipe):  # read again: the built family's manifest is authoritative
         recipe = load_recipe(args.recipe, args.overrides)
     from forge.plan.recipe_plan import plan_recipe
+    from forge.plan.record import COMPARE_TARGETS
     from forge.plan.report import assert_plans_fit
-    from forge.plan.runlog import COMPARE_TARGETS
 
     # every refusal (the plan does not fit, no such pipeline, the folder in use or not startable)
     # comes before any output or any write
@@ -213,7 +213,7 @@ def _pipeline(recipe_path: str, name: str):
 
 def _run_pipeline(pipeline, recipe, tracker, planned: tuple, args, folder):
     """The pipeline's run with the plans made once (printed by rank 0, whose tracker is enabled)."""
-    from forge.eval import runlog
+    from forge import runlog
 
     plans, comparison = planned
     if tracker.enabled:  # rank 0: what the pipeline says is printed and kept in OUTPUT/forge.log
@@ -300,7 +300,7 @@ LAZY = {"plan": ("forge.plan.command",
         "ui": ("forge.ui", "open the MLflow UI on a run's store"),
         "data": ("forge.data.check_command", "check a data file against a record format (bedrock, openai, openai_rft, ...)"),
         "reward": ("forge.lm.reward_command", "verify a reward source (a Nova Lambda too) on sample rows"),
-        "launch": ("forge.plan.launch.command",
+        "launch": ("forge.launch.command",
                    "write a torchrun, Slurm, Kubernetes or SageMaker job that runs a recipe in the plan's layout")}
 
 

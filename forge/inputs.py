@@ -8,12 +8,12 @@ from typing import Any
 
 from forge import catalog
 from forge.data.augment import augment_source
+from forge.data.generate import write_generated
 from forge.data.hygiene import Hygiene
-from forge.data.rewrite import Clean, write_rewrites
+from forge.data.objstore import is_remote, mirror
 from forge.data.parallel import use_engine
 from forge.data.prepare import clean_sources
-from forge.data.generate import write_generated
-from forge.data.objstore import is_remote, mirror
+from forge.data.rewrite import Clean, write_rewrites
 from forge.data.sources import DATA_SUFFIXES, Source, find_files, is_saved_dataset
 from forge.errors import ForgeError
 from forge.progress import phase

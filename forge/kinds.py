@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from forge.recipe.registry import StageSettings, kind_name
-from forge.recipe.settings import DpoStage, MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
 from forge.recipe.rft_settings import RftStage
+from forge.recipe.settings import DpoStage, MidtrainStage, PretrainStage, SftStage, SoupStage, TrainSettings
 
 
 def _resolve(dotted: str) -> Any:
@@ -34,7 +34,7 @@ class Headline:
     metric: str
     label: str
     percent: bool = False
-    prefer: "Headline | None" = None  # shown instead where the stage measured it (an env's held-out reward)
+    prefer: Headline | None = None  # shown instead where the stage measured it (an env's held-out reward)
 
 
 EVAL_LOSS = Headline("eval_loss", "eval loss")

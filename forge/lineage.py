@@ -206,7 +206,7 @@ class Lineage(_Record):
         return Path(path)
 
     @classmethod
-    def read(cls, path: Path) -> "Lineage":
+    def read(cls, path: Path) -> Lineage:
         """A `lineage.json`, of this version or an older one; a ForgeError naming the file if it is not one."""
         try:
             return cls.model_validate(json.loads(Path(path).read_text()))

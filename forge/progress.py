@@ -1,7 +1,7 @@
 """Progress of long work, for every layer (a leaf: it imports nothing of forge): a bar on a terminal,
 and without one (CI, `nohup`, a pipe) a plain line every ~10% or every `seconds`, never more; a
 phase's one line saying what it is doing (`phase`), with a heartbeat while a phase of unknown
-length runs long; all on stderr, so stdout keeps forge's results. forge/train/progress.py is this."""
+length runs long; all on stderr, so stdout keeps forge's results."""
 from __future__ import annotations
 
 import contextlib

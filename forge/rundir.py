@@ -97,7 +97,7 @@ class RunFolder:
 
     @classmethod
     def open(cls, out, fingerprint: dict, resume: bool = False, restart: bool = False,
-             overwrite: bool = False, allow_changed: bool = False, log=print) -> "RunFolder":
+             overwrite: bool = False, allow_changed: bool = False, log=print) -> RunFolder:
         """`claim` and `begin` in one."""
         folder = cls.claim(out, fingerprint, resume, restart, overwrite, allow_changed)
         try:
@@ -108,7 +108,7 @@ class RunFolder:
 
     @classmethod
     def claim(cls, out, fingerprint: dict, resume: bool = False, restart: bool = False,
-              overwrite: bool = False, allow_changed: bool = False) -> "RunFolder":
+              overwrite: bool = False, allow_changed: bool = False) -> RunFolder:
         """Lock `out` and decide what this run may do with what it holds, writing nothing but the
         lock (raises a ForgeError when the folder is in use, is not forge's, or holds a run the
         flags do not say what to do with)."""
@@ -125,7 +125,7 @@ class RunFolder:
             raise
         return folder
 
-    def begin(self, log=print) -> "RunFolder":
+    def begin(self, log=print) -> RunFolder:
         """Do what `claim` decided: discard the earlier run's outputs (only forge's: RUN_OUTPUTS of
         a folder whose run.json forge wrote), record this run in run.json."""
         if self.finished_before:
@@ -224,7 +224,7 @@ class RunFolder:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "RunFolder":
+    def __enter__(self) -> RunFolder:
         return self
 
     def __exit__(self, *exc) -> None:

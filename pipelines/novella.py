@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from forge import catalog
 from forge.eval.finish import Evaluation, NovellaRun, finish_novella
-from forge.eval.runlog import append, log_path
 from forge.eval.stage_eval import StageEvaluator
 from forge.eval.summary import duration, stage_figure
 from forge.inputs import input_fingerprints, prepare_inputs
@@ -26,6 +25,7 @@ from forge.lineage import Lineage, base_spec, new_lineage, source_record, write_
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
 from forge.recipe.eval import higher_is_better
+from forge.runlog import append, log_path
 from forge.stages.runner import PipelineState, Planned, RunPlace, run_stage
 from forge.track.notes import base_summary, pipeline_note, stage_row
 from forge.track.protocol import Tracker
@@ -110,7 +110,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
 def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> tuple[list[Any], dict[str, float | None]]:
     """Each stage from the previous one's output (the first from the base), its record added to
     `lineage` and, with `eval.after_each_stage`, its output evaluated as soon as it ends. Each
-    stage's figures go to the run's log (forge.eval.runlog) and its MLflow run; the terminal gets
+    stage's figures go to the run's log (forge.runlog) and its MLflow run; the terminal gets
     one short line. Returns the results and each stage's wall time (None: reused from a run before)."""
     state, inputs = process_state(), p.inputs
     checkpoint, results, walls = inputs.base, [], {}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
-import threading
 import os
 import pwd
 import shutil
@@ -16,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from forge_testing import base_recipe, write_recipe
 from forge import cli
 from forge.base_check import check_base
+from forge_testing import base_recipe, write_recipe
 
 
 @pytest.fixture

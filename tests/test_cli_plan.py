@@ -31,6 +31,7 @@ def two_stages(tmp_path):
     return write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, stages=stages, tracking={"register_model": False}))
 
 
+@pytest.mark.slow
 def test_run_prints_a_plain_line_per_stage_at_the_rate_measured_here_and_caches_it(two_stages, tmp_path, capsys,
                                                                                    monkeypatch):
     assert cli.main(["run", str(two_stages)]) == 0
@@ -64,6 +65,7 @@ def test_run_prints_a_plain_line_per_stage_at_the_rate_measured_here_and_caches_
     assert cache_file.read_text() == before
 
 
+@pytest.mark.slow
 def test_a_calibration_in_the_output_folder_is_used_by_run_and_plan_and_named(two_stages, tmp_path, capsys):
     out_dir = tmp_path / "out"
     cal = write_calibration(Calibration(effective_tflops={"fp32": 1e-4}, step_overhead_s={"fp32": 0.25}, runs=3),

@@ -7,6 +7,8 @@ import json
 import re
 import time
 
+import pytest
+
 from forge import progress
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, DpoStage
@@ -21,6 +23,7 @@ def _pairs(tmp_path, n=40):
                                                         chat={"kind": "preference"}), tmp_path)}
 
 
+@pytest.mark.slow
 def test_dpo_reference_caching_is_counted_in_batches(tmp_path, tiny_checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(progress, "QUIET_S", 0.0)  # count even this quick pass
     stage = DpoStage(name="dpo", kind="dpo", data=["prefs"], max_steps=2, seq_len=64, batch_size=4,

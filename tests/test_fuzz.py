@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from forge_testing import base_recipe
 from forge.data.hygiene import Hygiene, HygieneConfig
-from forge.inputs import resolve_source
 from forge.errors import ForgeError
+from forge.inputs import resolve_source
 from forge.recipe import DataSource, load_recipe
+from forge_testing import base_recipe
 
 # hypothesis keeps a cache of constants under its home folder (./.hypothesis by default): a temp one
 _HOME = tempfile.mkdtemp(prefix="forge-hypothesis-")
@@ -118,6 +117,7 @@ def mutated_recipe(draw) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=mutated_recipe())
 def test_fuzzed_recipes_load_or_fail_plainly(scratch, text):
@@ -179,6 +179,7 @@ def data_file(draw) -> tuple[str, bytes, dict]:
     return fmt, body, cfg
 
 
+@pytest.mark.slow
 @FUZZ
 @given(case=data_file())
 def test_fuzzed_data_files_read_or_fail_plainly(scratch, case):
@@ -194,6 +195,7 @@ def test_fuzzed_data_files_read_or_fail_plainly(scratch, case):
         assert str(path) in str(e) or "data.fz" in str(e), e
 
 
+@pytest.mark.slow
 def test_fuzz_case_counts():
     """Runs after the two fuzzers (file order): each ran its full count of cases."""
     if len(COUNT) < 2:

@@ -20,12 +20,31 @@ def test_readme_gives_exactly_two_commands_install_and_quickstart_then_tests():
 
 
 def test_ci_runs_the_readme_test_command():
+    """CI takes the README's steps in order, but runs its last, `python -m pytest -q`, as lint and two
+    tiers: `-m "not slow"` (stopping at the first failure) then `-m slow`. Each tier is the README's
+    command plus only -x and one marker expression, and the two expressions are complements, so the
+    tiers together select exactly the tests the README's command runs."""
     ci = (REPO / ".ci" / "run").read_text()
     _, tests = _readme_commands()
     steps = [s.strip() for s in tests.split("&&")]
+    *setup, readme_pytest = steps
     lines = [line.strip().replace("pip install -q ", "pip install ") for line in ci.splitlines()]
-    assert [line for line in lines if line in steps] == steps  # every step, in order
-    assert lines[-1] == steps[-1]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    assert [line for line in lines if line in setup] == setup  # every step before the tests, in order
+    runs = [i for i, line in enumerate(lines) if line.startswith(readme_pytest)]
+    assert len(runs) == 2 and runs == [len(lines) - 2, len(lines) - 1], "the two tiers end CI"
+    assert lines.index(setup[-1]) < lines.index("ruff check .") < runs[0], "lint after the install, before the tests"
+    fast, slow = (shlex.split(lines[i].removeprefix(readme_pytest)) for i in runs)
+    assert fast == ["-x", "-m", "not slow"], fast  # nothing else that would deselect (no -k, paths, --ignore)
+    assert slow == ["-m", "slow"], slow
+    assert fast[-1] == f"not {slow[-1]}"  # complements: every test is in exactly one tier
+    assert "slow:" in " ".join(_pytest_markers())  # the marker the tiers split on is declared
+
+
+def _pytest_markers() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
 
 
 def test_dockerfile_installs_forge_with_forge_as_entrypoint():

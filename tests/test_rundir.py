@@ -4,7 +4,6 @@ changed recipe (or data, or base) unless told otherwise."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -85,6 +84,7 @@ def test_recipe_fingerprint_names_dotted_fields(tmp_path):
     assert fp["stages[0].optim.lr"] == 0.003 and "output" not in fp
 
 
+@pytest.mark.slow
 def test_cli_refuses_to_start_over_an_interrupted_run_and_a_changed_resume(tmp_path, monkeypatch, capsys):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=3)], tracking={"register_model": False})
     path = write_recipe(tmp_path / "r.yaml", recipe)
@@ -103,6 +103,7 @@ def test_cli_refuses_to_start_over_an_interrupted_run_and_a_changed_resume(tmp_p
     assert "--overwrite" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_resume_refuses_changed_data(tmp_path, monkeypatch, capsys):
     extra = tmp_path / "notes.txt"
     extra.write_text("\n".join(f"note {i}: the valve opens at dawn." for i in range(50)))
@@ -147,6 +148,7 @@ def test_restart_applies_to_interrupted_runs_only(tmp_path):
     assert (out / "stages" / "cpt").is_dir()
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)])
     path = write_recipe(tmp_path / "r.yaml", recipe)
@@ -175,6 +177,7 @@ def test_second_run_is_refused_before_the_plan_is_printed(tmp_path, capsys):
     assert captured.out == "" and f"pid {proc.pid}" in captured.err
 
 
+@pytest.mark.slow
 def test_a_data_error_before_training_leaves_the_folder_startable(tmp_path, capsys):
     bad = tmp_path / "notes.jsonl"
     bad.write_text('{"body": "no text field here"}\n' * 20)

@@ -6,6 +6,7 @@ import errno
 import json
 
 import mlflow
+import pytest
 import torch
 
 from forge import cli
@@ -18,6 +19,7 @@ def _recipe(tmp_path, **stage):
     return write_recipe(tmp_path / "r.yaml", recipe)
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint(tmp_path, monkeypatch, capsys):
     path = _recipe(tmp_path, max_steps=6, checkpoint={"every": 2})
     real, calls = torch.save, {"n": 0}
@@ -44,6 +46,7 @@ def test_disk_full_during_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert lineage["stages"][0]["steps"] == 6
 
 
+@pytest.mark.slow
 def test_damaged_store_refused_before_any_work_and_folder_left_startable(tmp_path, capsys):
     path = _recipe(tmp_path, max_steps=2)
     (tmp_path / "out").mkdir()
@@ -75,6 +78,7 @@ import subprocess  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["prepare_inputs", "finish_novella"])  # data preparation; evaluation + registry
 def test_sigterm_outside_training_prints_a_quoted_resume_hint_that_works(tmp_path, monkeypatch, capsys, where):
     import pipelines.novella as novella
@@ -107,6 +111,7 @@ def test_sigterm_outside_training_prints_a_quoted_resume_hint_that_works(tmp_pat
 
 
 # ------------------------------------------------------------------------ issue 18: item 10
+@pytest.mark.slow
 @pytest.mark.parametrize("port", ["99999", "-1", "0"])
 def test_ui_port_out_of_range_is_one_line(tmp_path, capsys, port):
     from forge.track import MlflowTracker
@@ -152,6 +157,7 @@ print("HINT", cli.resume_command(args), flush=True)
 """
 
 
+@pytest.mark.slow
 def test_the_resume_hint_under_torchrun_repeats_the_torchrun_line(tmp_path):
     worker = tmp_path / "w.py"
     worker.write_text(WORKER)
@@ -178,6 +184,7 @@ GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] 
         "worker before reporting an error.")  # what rank 0 got from all_reduce after rank 1 died (torch 2.13, gloo)
 
 
+@pytest.mark.slow
 def test_a_peer_rank_dying_mid_collective_is_one_line_and_the_resume_hint(tmp_path, monkeypatch, capsys):
     from forge.train import accel
 

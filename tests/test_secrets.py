@@ -155,8 +155,9 @@ def test_resume_accepts_the_recipe_whose_secrets_run_json_scrubbed(tmp_path, mon
 
     monkeypatch.setenv("REWARD_API_TOKEN", "tok" + secrets.token_hex(12))
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
-    recipe = base_recipe(tmp_path, stages=[{"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "seq_len": 64, "rewards": [
-        {"source": f"https://me:{os.environ['REWARD_API_TOKEN']}@127.0.0.1:9/score"}]}])
+    recipe = base_recipe(tmp_path, stages=[{"name": "rl", "kind": "rft", "data": ["p"], "max_steps": 1, "seq_len": 64,
+                                            "rewards": [{"source": f"https://me:{os.environ['REWARD_API_TOKEN']}"
+                                                                   "@127.0.0.1:9/score"}]}])
     recipe["data"]["p"] = {"path": str(tmp_path / "p.jsonl")}
     fingerprint = recipe_fingerprint(load_recipe(write_recipe(tmp_path / "r.yaml", recipe)))
     with RunFolder.open(tmp_path / "out", fingerprint):
@@ -204,6 +205,7 @@ def _store_strings(db: Path) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_reward_error_with_secrets_leaves_none_in_the_mlflow_store(tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     p = _issue_secrets()
@@ -263,6 +265,7 @@ def test_validate_lists_a_reward_endpoint_without_its_token(tmp_path, capfd):
     assert token not in seen.out + seen.err
 
 
+@pytest.mark.slow
 def test_an_endpoint_password_reaches_no_metric_name(tmp_path, capfd):
     """A reward URL's password (and user) is not part of its metric names (reward.<label>...)."""
     from servers import json_server

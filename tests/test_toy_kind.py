@@ -69,6 +69,7 @@ def _toy_recipe(tmp_path, *stages: dict):
     return write_recipe(tmp_path / "toy.yaml", base_recipe(tmp_path, stages=list(stages or [_toy("toy1")])))
 
 
+@pytest.mark.slow
 def test_a_toy_kind_runs_plans_and_evaluates(toy_kind, tmp_path, capsys):
     path = _toy_recipe(tmp_path, _toy("toy1"), _toy("toy2", data=["general"], max_steps=2))
     recipe = load_recipe(path)

@@ -5,9 +5,9 @@ import pytest
 
 from forge.errors import ForgeError
 from forge.eval.evaluators import load_custom
-from forge.usercode import load_function
 from forge.lm.rewards import Reward
 from forge.recipe.rft_settings import RewardSource
+from forge.usercode import load_function
 
 
 def test_files_modules_and_errors_naming_field_and_spec(tmp_path):

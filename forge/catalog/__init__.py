@@ -15,8 +15,20 @@ from typing import Any, Callable
 
 from forge.catalog import hub
 from forge.catalog.entries import (  # noqa: F401  (the catalog's public names)
-    INSTRUCTIONS, POINTS, PURPOSES, CatalogPhase, CuratedSet, Family, curated, families, family, family_of,
-    forge_home, missing, parse_ref, resolve,
+    INSTRUCTIONS,
+    POINTS,
+    PURPOSES,
+    CatalogPhase,
+    CuratedSet,
+    Family,
+    curated,
+    families,
+    family,
+    family_of,
+    forge_home,
+    missing,
+    parse_ref,
+    resolve,
 )
 from forge.catalog.store import add, known_architectures, remove  # noqa: F401
 from forge.errors import ForgeError

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from forge.catalog import POINTS, build_note, families, family
-from forge.catalog import add as add_phase
-from forge.catalog import remove as remove_phase
+from forge.catalog import POINTS, add as add_phase, build_note, families, family, remove as remove_phase
 from forge.catalog.entries import CatalogPhase, Family, registrations_file
 
 

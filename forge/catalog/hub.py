@@ -36,8 +36,12 @@ def snapshot(repo: str, revision: str, what: str, log: Callable[[str], None] | N
              download: bool = True) -> Path:
     """The local snapshot of `repo` at `revision` (downloaded when absent, online and `download`)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, \
-        RevisionNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     cache = hub_cache()
     try:  # already in the cache: no network, nothing printed

@@ -18,8 +18,15 @@ import yaml
 
 from forge.base_check import check_base, read_json
 from forge.catalog import registry
-from forge.catalog.entries import POINTS, CatalogPhase, bedrock_architectures, families, local_facts, \
-    read_registrations, registrations_file
+from forge.catalog.entries import (
+    POINTS,
+    CatalogPhase,
+    bedrock_architectures,
+    families,
+    local_facts,
+    read_registrations,
+    registrations_file,
+)
 from forge.errors import ForgeError
 
 

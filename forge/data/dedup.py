@@ -18,7 +18,7 @@ import hashlib
 import os
 import string
 import tempfile
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class ExactIndex:
         self._index = SpillIndex.from_sorted(keys, spill_dir=self.spill_dir, **self._SIZES)
 
 
-@lru_cache(maxsize=None)
+@cache
 def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.1, fn_weight: float = 0.9
                ) -> tuple[int, int]:
     """(bands, rows) minimising the weighted false-positive plus false-negative area of the LSH
@@ -142,10 +142,10 @@ class MinHashLSH:
     A record is a near duplicate when some band of its signature equals a band of a kept
     record and the signatures agree on at least `threshold` of their positions (the
     MinHash estimate of Jaccard similarity). The band keys (14 per kept record at the defaults:
-    14 bands of 9 rows) live in a `SpillIndex`, so their memory is bounded too. Signatures (`4 * num_perm` bytes each) are needed only to
-    verify a band hit, so with `spill` (the default) every full chunk of them moves to an unlinked
-    temporary file (under `spill_dir`) and a hit reads its 512 bytes back; RAM holds one chunk
-    (2 MB) of them.
+    14 bands of 9 rows) live in a `SpillIndex`, so their memory is bounded too. Signatures
+    (`4 * num_perm` bytes each) are needed only to verify a band hit, so with `spill` (the default)
+    every full chunk of them moves to an unlinked temporary file (under `spill_dir`) and a hit reads
+    its 512 bytes back; RAM holds one chunk (2 MB) of them.
     """
 
     _CHUNK = 4096
@@ -291,7 +291,7 @@ class NgramIndex:
         np.savez(path, full=self._full, sizes=np.array([self.n, self.min_n, self.texts]), **arrays)
 
     @classmethod
-    def load(cls, path: str) -> "NgramIndex":
+    def load(cls, path: str) -> NgramIndex:
         """An index `save` wrote (loaded without pickle: data files never run code)."""
         index = cls([])
         with np.load(path, allow_pickle=False) as z:

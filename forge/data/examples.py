@@ -8,8 +8,16 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
-from forge.data.formats import (IGNORE, ChatEncoder, FormatSpec, FormatStats, RecordError, fit_to_length, to_messages,
-                                to_preference)
+from forge.data.formats import (
+    IGNORE,
+    ChatEncoder,
+    FormatSpec,
+    FormatStats,
+    RecordError,
+    fit_to_length,
+    to_messages,
+    to_preference,
+)
 from forge.errors import ForgeError
 
 

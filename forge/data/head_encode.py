@@ -153,7 +153,7 @@ class HeadEncoder:
                  for t, h, e in zip(texts, heads, edges)]
         counts = iter(map(len, self._fast([t[:p] for t, e, ok in zip(texts, edges, exact) if ok for p in e])))
         out = []
-        for t, h, x, s, e, ok in zip(texts, heads, ids, spans, edges, exact):
+        for _t, h, x, s, e, ok in zip(texts, heads, ids, spans, edges, exact):
             if ok:
                 at = {0: 0, **{p: next(counts) for p in e}}
                 out.append((x, [(at.get(a, len(x)), at.get(b, len(x))) for a, b in s]))

@@ -16,7 +16,6 @@ Per record, in order:
 from __future__ import annotations
 
 import os
-
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Iterator, Literal
@@ -26,7 +25,6 @@ from pydantic import ConfigDict
 from forge.data import pii as _pii
 from forge.data.dedup import ExactIndex, MinHashLSH, NgramIndex, WordHasher, shingles, words
 from forge.data.pii import PII_TYPES, Finding, redact, scan_pii
-
 from forge.errors import ForgeError
 
 __all__ = ["ConfigError", "HygieneConfig", "HygieneStats", "Hygiene", "Finding", "PII_TYPES", "scan_pii", "redact"]
@@ -101,7 +99,7 @@ class HygieneStats:
     exact_dups: int = 0
     near_dups: int = 0
     pii: dict[str, int] = field(default_factory=dict)
-    sources: dict[str, "HygieneStats"] = field(default_factory=dict)
+    sources: dict[str, HygieneStats] = field(default_factory=dict)
 
     @property
     def dropped(self) -> int:
@@ -115,7 +113,7 @@ class HygieneStats:
             out.update(s.as_dict(f"{prefix}.source.{_metric_name(name)}"))
         return out
 
-    def add(self, other: "HygieneStats") -> None:
+    def add(self, other: HygieneStats) -> None:
         """Add `other`'s counts to these (per source too): the counts of shards, summed."""
         for k in _COUNTS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
@@ -131,7 +129,7 @@ class HygieneStats:
         return d
 
     @classmethod
-    def from_state(cls, d: dict) -> "HygieneStats":
+    def from_state(cls, d: dict) -> HygieneStats:
         s = cls(**{k: int(d[k]) for k in _COUNTS}, pii={t: int(n) for t, n in d["pii"].items()})
         s.sources = {n: cls.from_state(v) for n, v in d["sources"].items()}
         return s

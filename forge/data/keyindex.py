@@ -72,7 +72,7 @@ class CompactIndex:
         self._keys, self._vals, self._buf = keys[order], vals[order], {}
 
     @classmethod
-    def from_sorted(cls, keys: np.ndarray, vals: np.ndarray | None = None) -> "CompactIndex":
+    def from_sorted(cls, keys: np.ndarray, vals: np.ndarray | None = None) -> CompactIndex:
         index = cls()
         index._keys = keys
         index._vals = np.zeros(len(keys), dtype=np.int32) if vals is None else vals
@@ -207,7 +207,7 @@ class SpillIndex:
 
     @classmethod
     def from_sorted(cls, keys: np.ndarray, vals: np.ndarray | None = None, ram_keys: int | None = None,
-                    spill_dir=None, **sizes) -> "SpillIndex":
+                    spill_dir=None, **sizes) -> SpillIndex:
         index = cls(ram_keys, spill_dir, **sizes)
         index._ram = CompactIndex.from_sorted(keys, vals)
         if len(keys) > index.ram_keys:

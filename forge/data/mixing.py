@@ -22,8 +22,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from forge.data.blocks import (ENCODE_BATCH, WINDOW_TOKENS, CachedDocs, EncodedDocs, Layout, Planner, Ranks,
-                               Stream, cut, prepare, spans, write_layout)
+from forge.data.blocks import (
+    ENCODE_BATCH,
+    WINDOW_TOKENS,
+    CachedDocs,
+    EncodedDocs,
+    Layout,
+    Planner,
+    Ranks,
+    Stream,
+    cut,
+    prepare,
+    spans,
+    write_layout,
+)
 from forge.data.sources import Source
 from forge.data.tokencache import WINDOW_CHARS, Encoder, token_cache, tokenizer_digest, worth_caching
 from forge.errors import ForgeError

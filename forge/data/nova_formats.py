@@ -203,7 +203,8 @@ def _openai_message(m: Any, at: str) -> dict:
     if role == "assistant":
         if m.get("reasoning_content") is not None:
             msg["reasoning_content"] = _text(m["reasoning_content"], f"{at}.reasoning_content")
-        calls = [_openai_call(c, f"{at}.tool_calls[{k}]") for k, c in enumerate(_list(m, "tool_calls", f"{at}.tool_calls", False))]
+        calls = [_openai_call(c, f"{at}.tool_calls[{k}]")
+                 for k, c in enumerate(_list(m, "tool_calls", f"{at}.tool_calls", False))]
         if calls:
             msg["tool_calls"] = calls
         if "weight" in m:

@@ -124,7 +124,7 @@ class Engine:
         ray = (prepare or _ENGINE).ray
         self._ray = ray_engine.RayTasks(ray.address) if ray is not None else None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -139,7 +139,8 @@ class Engine:
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any], desc: str, total: int,
             count: Callable[[Any], int] | None = None) -> Iterator[Any]:
         """`fn(task)` for each task, in order (here when `total`, the tasks expected, is 1); at most 2
-        tasks a worker in flight (memory stays bounded when tasks carry records). `count(result)`: the records a result stands for (the rate shown)."""
+        tasks a worker in flight (memory stays bounded when tasks carry records). `count(result)`: the
+        records a result stands for (the rate shown)."""
         bar = progress(total, desc, unit="shard", seconds=10.0, every=max(1, -(-total // 10)), after=QUIET_S)
         bar.update(0)
         started, records = time.monotonic(), 0

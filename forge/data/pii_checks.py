@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+
 def luhn_ok(digits: str) -> bool:
     """Luhn (mod 10) check used by every payment-card network."""
     total = 0

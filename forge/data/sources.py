@@ -16,6 +16,7 @@ from typing import Iterator
 from forge.data.readers import hub_rows, is_gz, read_file, read_jsonl, saved_dataset_rows
 from forge.errors import ForgeError
 
+
 def _suffix(path: Path) -> str:
     """'.jsonl' for both data.jsonl and data.jsonl.gz."""
     return path.suffixes[-2].lower() if path.suffix.lower() == ".gz" and len(path.suffixes) > 1 else path.suffix.lower()

@@ -110,7 +110,7 @@ def encode_shard(task: Encode) -> int:
         batch.clear()
 
     items = shard.records if shard.records is not None else _texts(shard)
-    for read, (number, text) in enumerate(items, start=1):
+    for read, (number, text) in enumerate(items, start=1):  # noqa: B007  (read: the count, returned below)
         if text:
             batch.append((number, text))
             if len(batch) == ENCODE_BATCH:

@@ -8,10 +8,11 @@
 
 Deltas are against the first model. --json / --markdown / --chart write the table as JSON,
 Markdown and a PNG, each into a folder that exists, outside run folders, Novellas and the models
-compared, replacing only a report forge eval wrote (or any file, with --overwrite); the recipe's gates are checked on the last model, and --strict exits 1 if
-one fails. With a recipe, the run's folder is refused while a `forge run` holds it (and held
-while evaluating); when the run is tracked, the evaluation is an MLflow run of its own, nested
-under the run's parent: its figures, the table and the chart (the run's own runs are not changed).
+compared, replacing only a report forge eval wrote (or any file, with --overwrite); the recipe's
+gates are checked on the last model, and --strict exits 1 if one fails. With a recipe, the run's
+folder is refused while a `forge run` holds it (and held while evaluating); when the run is
+tracked, the evaluation is an MLflow run of its own, nested under the run's parent: its figures,
+the table and the chart (the run's own runs are not changed).
 """
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ from forge.eval.card import write_model_card
 from forge.eval.gates import GateResult, check_gates, passed
 from forge.eval.registry import Decision, Standing, register
 from forge.eval.report import format_table, plot, to_markdown
-from forge.eval.runlog import append
 from forge.eval.stage_eval import open_cache
 from forge.eval.suite import NOVELLA, START, Comparison, primary_metric, resolve_suite, run_suite
 from forge.lineage import ComputeRecord, EvaluationRecord, Lineage
 from forge.recipe import Base
+from forge.runlog import append
 from forge.track.notes import base_summary, model_description, plan_line
 from forge.track.protocol import Tracker
 

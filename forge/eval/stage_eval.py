@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge.eval.cache import EvalCache, suite_key
-from forge.eval.runlog import append
 from forge.eval.suite import START, resolve_suite, run_suite
+from forge.runlog import append
 from forge.track.protocol import Tracker
 
 CACHE_FILE = Path("eval") / "measured.json"

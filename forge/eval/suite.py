@@ -13,14 +13,13 @@ from pathlib import Path
 from forge.data.formats import to_messages
 from forge.data.mixing import in_holdout
 from forge.errors import ForgeError, not_safetensors
-from forge.kinds import row
-from forge.eval import evaluators as E
-from forge.eval import recall
+from forge.eval import evaluators as E, recall
 from forge.eval.gen_qa import gen_qa, qa_rows, read_jsonl
 from forge.eval.judge_eval import llm_judge, open_judge, prompt_rows as judge_rows
-from forge.lm.perplexity import source_blocks
 from forge.eval.reward import RewardRun, load_rewards, mean_reward
+from forge.kinds import row
 from forge.lm.generation import Sampling
+from forge.lm.perplexity import source_blocks
 from forge.recipe.eval import EvalBlock
 from forge.recipe.judge import is_file_source
 
@@ -105,17 +104,17 @@ def _records(source, split: str, split_field: str | None = None) -> list[tuple[s
     """(where, row) of the records in `split`: by the record's `split_field` when given, else by
     the source's hashed holdout (the records no stage trains on)."""
     rows = []
-    for record, where, row in source.rows():
-        if isinstance(row, ForgeError):
-            raise row
-        if not isinstance(row, dict):
+    for record, where, item in source.rows():
+        if isinstance(item, ForgeError):
+            raise item
+        if not isinstance(item, dict):
             raise ForgeError(f"{where}: data.{source.name}: expected a JSON record (question/answer or chosen/rejected)")
         if split_field is not None:
-            keep = split == "all" or row.get(split_field) == split
+            keep = split == "all" or item.get(split_field) == split
         else:
             keep = split == "all" or (split == "heldout") == in_holdout(source.holdout_key, record, source.holdout)
         if keep:
-            rows.append((where, row))
+            rows.append((where, item))
     return rows
 
 

@@ -2,16 +2,16 @@
 time, the kind's headline figure from forge.kinds), start versus Novella on the suite's headline
 metrics (retention against the checkpoint the customization began from), the gates with pass or
 fail, and where the Novella, the export, the run log and the MLflow UI are. The long figures stay
-in the run log (forge.eval.runlog) and MLflow."""
+in the run log (forge.runlog) and MLflow."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge.eval.runlog import log_path
 from forge.eval.suite import NOVELLA, START
 from forge.kinds import KINDS, Headline
+from forge.runlog import log_path
 from forge.track.names import summary_value
 
 MAX_LINES = 8  # start-versus-Novella lines; the rest are in the log and eval/comparison.md
@@ -208,7 +208,7 @@ def ending(recipe: Any, result: Any, ui: str) -> Ending:
 
 def write(lines: list[str], out: str | Path | None = None) -> None:
     """Print the summary (and keep it at the end of the run's log)."""
-    from forge.eval.runlog import append
+    from forge.runlog import append
 
     text = "\n".join(lines)
     print(text, flush=True)

@@ -29,8 +29,8 @@ from forge.export.destination import JOB_REQUEST, MANIFEST, check_destination, w
 from forge.export.shapes import check_config
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import replace_dir
-from forge.progress import counted, phase
 from forge.lineage import Lineage
+from forge.progress import counted, phase
 from forge.scrub import scrub_dict
 
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16}

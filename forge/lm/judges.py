@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import torch
 
 from forge.errors import ForgeError
-from forge.scrub import first_line, scrub
 from forge.lm.judge_rubrics import JudgeError, Rubric, load_rubric, parse_group, parse_score, unreadable
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
+from forge.scrub import first_line, scrub
 
 Fields = dict[str, list[Any]]
 

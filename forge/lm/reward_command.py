@@ -28,9 +28,9 @@ from forge.lm.nova_reward import MLFLOW_NAME_LIMIT, Answer, event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.progress import say
 from forge.recipe.rft_settings import RewardSource
+from forge.scrub import scrub
 
 SHOWN = 20  # sample lines and violations printed; the rest are counted (an answer may hold a million)
-from forge.scrub import scrub
 
 
 def _out(line: str) -> None:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if args.source.startswith("judge:") and args.protocol == "nova":
             raise ForgeError(f"{args.source!r}: a judge: source grades with forge's protocol (scores for prompts "
                              "and completions), not Nova's, this command's default: pass --protocol forge") from None
-        errors = getattr(e, "errors", lambda: [{"msg": str(e)}])()
+        errors = e.errors() if hasattr(e, "errors") else [{"msg": str(e)}]
         why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in errors)
         raise ForgeError(f"{args.source!r}: {why}") from None
     chats, fields, completions = _prompts(args)

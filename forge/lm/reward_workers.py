@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import multiprocessing.connection as mpc
 import json
+import multiprocessing.connection as mpc
 import os
 import signal
 import subprocess

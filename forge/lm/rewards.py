@@ -32,14 +32,14 @@ import time
 import urllib.parse
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from forge.errors import ForgeError
-from forge.scrub import scrub
 from forge.lm.nova_reward import Answer, event, number_problem, read_answer
 from forge.lm.reward_workers import Interrupted, RewardWorker, WorkerFailed, WorkerTimeout, interruptible
 from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions
 from forge.recipe.rft_settings import RewardSource
+from forge.scrub import scrub
 from forge.usercode import split_spec
 
 Fields = dict[str, list[Any]]  # the prompt rows' other columns, one list per column
@@ -85,7 +85,7 @@ class Reward:
         if self._judge is not None:
             self._judge.close()
 
-    def __enter__(self) -> "Reward":
+    def __enter__(self) -> Reward:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -154,7 +154,7 @@ class Reward:
         n = self.spec.batch_size
         return [samples[i:i + n] for i in range(0, len(samples), n)]
 
-    def _map_chunks(self, call: Callable[[Chunk], object], chunks: list[Chunk], deadline: "Deadline") -> object:
+    def _map_chunks(self, call: Callable[[Chunk], object], chunks: list[Chunk], deadline: Deadline) -> object:
         """Each chunk's answer, joined; TimeoutError when they are not all in by the deadline (the
         connections still open are then shut, so no thread outlives the call for long)."""
         pool = cf.ThreadPoolExecutor(self.spec.concurrency, thread_name_prefix="forge-reward")
@@ -298,7 +298,7 @@ def reward_label(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]+", "_", label) or "reward"
 
 
-def unique_labels(rewards: list["Reward"]) -> list[str]:
+def unique_labels(rewards: list[Reward]) -> list[str]:
     """Each source's metric label, made unique (two sources may share a function name)."""
     out: list[str] = []
     for r in rewards:

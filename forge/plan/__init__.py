@@ -6,8 +6,7 @@ anchor runs replayed (anchors.yaml), comparisons across targets, calibration of 
 and the `forge plan` command (command.py).
 """
 from forge.plan.anchors import error_band, replay_all
-from forge.plan.calibrate import (calibrate, comparison_metrics, fit_calibration, predict_local_step,
-                                  record_measurement)
+from forge.plan.calibrate import calibrate, comparison_metrics, fit_calibration, predict_local_step, record_measurement
 from forge.plan.flops import forward_flops_per_token, palm_flops_per_token, training_flops_per_token
 from forge.plan.hardware import get_system, known_targets, load_catalog, system_totals
 from forge.plan.model import ModelSpec, count_parameters, load_model_config, spec_from_config

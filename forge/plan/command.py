@@ -211,7 +211,7 @@ def _anchors(leave_one_out: bool) -> int:
 def _say_launchable(plans, catalog: dict) -> None:
     """A plan on a stack forge's loop does not run says so, and names the stack forge launch runs; a
     plan on a chip forge launch cannot start processes on (Trn1, an announced chip) says that instead."""
-    from forge.plan.launch.layout import engine_data, forge_runs, launch_stack
+    from forge.plan.stacks import engine_data, forge_runs, launch_stack
 
     for p in plans:
         if not p.stack or p.stack == "local":

@@ -17,8 +17,17 @@ from pathlib import Path
 import yaml
 
 from forge.plan import search
-from forge.plan.anchors import (ANCHORS_FILE, FAST, anchor_catalog, anchor_chip, anchor_model, anchor_workload,
-                                load_anchors, package_catalog, published_step_seconds)
+from forge.plan.anchors import (
+    ANCHORS_FILE,
+    FAST,
+    anchor_catalog,
+    anchor_chip,
+    anchor_model,
+    anchor_workload,
+    load_anchors,
+    package_catalog,
+    published_step_seconds,
+)
 from forge.plan.flops import training_flops_per_token
 from forge.plan.hardware import get_system
 from forge.plan.model import spec_from_config
@@ -155,7 +164,7 @@ class Fitter:
             moved = 0.0
             for f in sorted(figs):
                 lo, hi = self.figures[f].bounds
-                best = _golden(lambda x: self.loss(names & self.acts[f], {**values, f: x}), lo, hi)
+                best = _golden(lambda x, f=f: self.loss(names & self.acts[f], {**values, f: x}), lo, hi)
                 moved = max(moved, abs(best - values[f]) / (hi - lo))
                 values[f] = best
             if moved < TOLERANCE:

@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from forge.plan.flops import (decode_flops_per_token, forward_flops_per_token, layer_forward_flops_per_token,
-                              recompute_flops_per_token, training_flops_per_token)
+from forge.plan.flops import (
+    decode_flops_per_token,
+    forward_flops_per_token,
+    layer_forward_flops_per_token,
+    recompute_flops_per_token,
+    training_flops_per_token,
+)
 from forge.plan.hardware import System
 from forge.plan.memory import STATE_BYTES, Memory, act_bytes_for, memory_per_chip, params_per_chip
 from forge.plan.model import ModelSpec, ParamCount, count_parameters
@@ -39,7 +44,7 @@ class Context:
     wide_rate: float = 0.0   # 16-bit GEMM FLOP/s: what the non-matmul work is measured against
 
     @classmethod
-    def build(cls, spec, workload, system, mfu=None, flash=True, stack: str | None = None) -> "Context":
+    def build(cls, spec, workload, system, mfu=None, flash=True, stack: str | None = None) -> Context:
         precision = workload.precision
         chip = system.chip
         st = get_stack(stack or system.default_stack)

@@ -65,3 +65,24 @@ def get_stack(name: str) -> Stack:
         cp_overlap=float(raw["cp_overlap"]), interleaved_pp=bool(raw["interleaved_pp"]),
         context_parallel=bool(raw["context_parallel"]), zero=tuple(int(z) for z in raw["zero"]),
     )
+
+
+ENGINES_FILE = Path(__file__).with_name("engines.yaml")  # how `forge launch` starts processes on each chip
+
+
+def engine_data() -> dict:
+    """engines.yaml: per chip, the image family, Slurm GPUs, the Kubernetes resource, or why forge
+    launch cannot start processes on it; the images; SageMaker's instance types."""
+    data: dict = yaml.safe_load(ENGINES_FILE.read_text())
+    return data
+
+
+def forge_runs(stack: str) -> bool:
+    """Whether forge's own loop runs `stack` (stacks.yaml `forge_runs`)."""
+    return bool(load_stacks().get(stack, {}).get("forge_runs", False))
+
+
+def launch_stack(stack: str) -> str:
+    """The stack `forge launch` runs for a plan on `stack`: itself if forge runs it, else the one its
+    `forge_launches` names."""
+    return stack if forge_runs(stack) else str(load_stacks().get(stack, {}).get("forge_launches", "fsdp"))

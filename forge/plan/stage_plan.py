@@ -110,7 +110,7 @@ def plan_unbanded(
     return _fill(plan, ctx, best, n)
 
 
-def _choose_chips(ctx, goal: Goal, min_fit, notes, layout=None) -> tuple[int, "search.Evaluated | None", str]:
+def _choose_chips(ctx, goal: Goal, min_fit, notes, layout=None) -> tuple[int, search.Evaluated | None, str]:
     """(chip count, its best layout or None, reason it cannot run or "")."""
     system, chips = ctx.system, goal.chips
     if chips is not None:
@@ -144,7 +144,7 @@ def wl_shape(wl: Workload, spec: ModelSpec) -> str:
     return f"global batch {wl.global_batch} sequences, {spec.heads} heads, {spec.layers} layers"
 
 
-def _catalog_notes(system: System, ctx: "search.Context", spec: ModelSpec) -> list[str]:
+def _catalog_notes(system: System, ctx: search.Context, spec: ModelSpec) -> list[str]:
     notes = []
     if system.chip.status == "projection":
         notes.append(f"{system.chip.name} is a projection from announced ratios, not a product")
@@ -184,7 +184,7 @@ def _shell(spec, wl: Workload, system: System, ctx, n: int, min_fit, notes) -> S
     )
 
 
-def _fill(plan: StagePlan, ctx, best: "search.Evaluated", n: int) -> StagePlan:
+def _fill(plan: StagePlan, ctx, best: search.Evaluated, n: int) -> StagePlan:
     spec, wl, system = ctx.spec, ctx.workload, ctx.system
     layout, step = best.layout, best.step
     slots = layout.global_batch

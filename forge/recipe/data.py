@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from forge.data.formats import FormatSpec
 from forge.recipe.address import check_address
 
-
 NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"  # names of stages and data sources (they become MLflow keys and file names)
 
 
@@ -75,8 +74,8 @@ def _boolean_number(annotation: Any, value: Any) -> str | None:
 class GeneratedText(Strict):
     """Text that forge writes itself (so the quickstart needs no downloads)."""
 
-    kind: Literal["stories", "facts", "kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval", "harvest_general", "harvest_highquality",
-                  "harvest_long", "harvest_skills", "harvest_instructions", "harvest_preferences"] = Field(
+    kind: Literal["stories", "facts", "kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval", "harvest_general",
+                  "harvest_highquality", "harvest_long", "harvest_skills", "harvest_instructions", "harvest_preferences"] = Field(
         description="kb_*: forge.data.kb's knowledge base (documents, SFT chat records, eval questions); "
                     "harvest_*: forge-tiny's curated sets (forge.data.curated)")
     documents: int = Field(gt=0, le=1_000_000)
@@ -112,7 +111,7 @@ class Rewrite(Strict):
         return check_address(value, "generator")
 
     @model_validator(mode="after")
-    def _asks_something(self) -> "Rewrite":
+    def _asks_something(self) -> Rewrite:
         if self.paraphrases == 0 and self.questions == 0:
             raise ValueError("paraphrases and questions are both 0: nothing to generate")
         return self
@@ -148,7 +147,7 @@ class DataSource(Strict):
                                    "each) of the source: the budget of a remote set")
     max_records: int | None = Field(None, gt=0, description="read at most this many records of the source")
     format: Literal["auto", "text", "jsonl", "json", "parquet", "csv", "arrow"] = "auto"
-    text_field: Annotated[Union[Annotated[str, Tag("<one>")], Annotated[list[str], Tag("<list>")]],
+    text_field: Annotated[Annotated[str, Tag("<one>")] | Annotated[list[str], Tag("<list>")],
                           Discriminator(lambda v: "<list>" if isinstance(v, list) else "<one>")] = Field(
         "text", description="field(s) holding text; a list is joined by newlines")
     split: Literal["file", "paragraph", "line"] = Field(
@@ -164,7 +163,7 @@ class DataSource(Strict):
                                     "paraphrases and question-answer pairs (text sources)")
 
     @model_validator(mode="after")
-    def _one_origin(self) -> "DataSource":
+    def _one_origin(self) -> DataSource:
         if sum(x is not None for x in (self.path, self.hub, self.generate, self.source)) != 1:
             raise ValueError("give exactly one of 'path', 'hub', 'generate' or 'source'")
         if self.source is not None:
@@ -192,7 +191,7 @@ class DataSource(Strict):
             self.holdout = found.holdout
 
     @model_validator(mode="after")
-    def _augment_text(self) -> "DataSource":
+    def _augment_text(self) -> DataSource:
         if self.augment is not None and self.chat is not None:
             raise ValueError("augment: renders plain-text documents; this source holds chat records")
         return self

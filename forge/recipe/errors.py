@@ -2,9 +2,8 @@
 the dotted path, the line, what was given and what was expected; dotted command-line overrides."""
 from __future__ import annotations
 
-import dataclasses
-
 import copy
+import dataclasses
 import re
 import types
 from typing import Annotated, Any, Union, get_args, get_origin

@@ -83,7 +83,7 @@ class MeanReward(Strict):
     seed: int = Field(0, description="the sampling seed (the same prompts and draws for every model)")
 
     @model_validator(mode="after")
-    def _sampled(self) -> "MeanReward":
+    def _sampled(self) -> MeanReward:
         if self.samples > 1 and self.temperature is None:
             raise ValueError("samples > 1 needs a temperature (greedy completions of one prompt are all the same)")
         return self

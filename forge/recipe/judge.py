@@ -33,7 +33,7 @@ class JudgeOptions(Strict):
     cache: bool = Field(True, description="keep each verdict in the run folder, keyed by judge, rubric and text")
 
     @model_validator(mode="after")
-    def _scale(self) -> "JudgeOptions":
+    def _scale(self) -> JudgeOptions:
         if self.high <= self.low:
             raise ValueError(f"high ({self.high}) must be above low ({self.low})")
         return self

@@ -10,9 +10,8 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from forge.recipe.data import NAME, Strict
 
-
 DATA_SHAPES = ("text", "chat", "preference", "prompts")  # what a stage kind's data records hold
-SETTINGS: dict[str, type["StageSettings"]] = {}  # kind -> settings class, filled as classes are defined
+SETTINGS: dict[str, type[StageSettings]] = {}  # kind -> settings class, filled as classes are defined
 
 
 def kind_name(cls: type) -> str | None:

@@ -29,7 +29,7 @@ class RewardSource(Strict):
     judge: JudgeOptions | None = None  # a judge: source's rubric, scoring and score scale
 
     @model_validator(mode="after")
-    def _form(self) -> "RewardSource":
+    def _form(self) -> RewardSource:
         s = self.source
         if s.startswith(JUDGE_PREFIX):
             check_address(s.removeprefix(JUDGE_PREFIX))
@@ -101,7 +101,7 @@ class RftStage(PostTrainSettings):
         return value
 
     @model_validator(mode="after")
-    def _env_generation(self) -> "RftStage":
+    def _env_generation(self) -> RftStage:
         if self.env is not None and self.generation != "hf":
             raise ValueError("env: multi-turn rollouts generate with generation: hf (vllm is not supported with env)")
         if self.env is not None and ":" not in self.env:

@@ -12,25 +12,29 @@ import glob
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from forge.base_check import absent, check_base
-from forge.errors import LOOP, ForgeError, symlink_loop
-from forge.scrub import scrub_tree
 from forge.data.hygiene import HygieneConfig
 from forge.data.objstore import is_remote
 from forge.data.parallel import PrepareConfig
+from forge.errors import LOOP, ForgeError, symlink_loop
 from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with the schema)
-    NAME, DataSource, GeneratedText, Strict,
+    NAME,
+    DataSource,
+    GeneratedText,
+    Strict,
 )
 from forge.recipe.errors import apply_overrides, format_errors
 from forge.recipe.yaml import read_recipe_yaml
-
+from forge.scrub import scrub_tree
 
 # -------------------------------------------------------------------------------------- stages
+# in this order (isort off): settings' stage kinds register, then rft's, then the registry that reads them
+# isort: off
 from forge.recipe.settings import (  # noqa: E402,F401  (re-exported with the schema)
     ContextExtension, DpoStage, MidtrainStage, NovaMixture, Optim, PostTrainSettings, PretrainStage, Schedule, SftStage,
     SoupStage, TrainSettings,
@@ -39,6 +43,7 @@ from forge.recipe.rft_settings import RftStage  # noqa: E402,F401  (registers th
 from forge.recipe.registry import AnyStage, StageSettings, stage_kinds  # noqa: E402,F401
 from forge.recipe.eval import EvalBlock  # noqa: E402
 from forge.recipe.judge import resolve_judge_paths  # noqa: E402
+# isort: on
 
 Stage = AnyStage  # stages[i]: the settings class registered under the item's kind (forge/recipe/registry.py)
 
@@ -59,7 +64,7 @@ class ScratchBase(Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _heads(self) -> "ScratchBase":
+    def _heads(self) -> ScratchBase:
         if self.hidden_size % self.heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads})")
         if self.kv_heads and self.heads % self.kv_heads:
@@ -125,7 +130,7 @@ class Parallelism(Strict):
                               "state in CPU memory")
 
     @model_validator(mode="after")
-    def _fsdp_only(self) -> "Parallelism":
+    def _fsdp_only(self) -> Parallelism:
         if self.strategy != "fsdp":
             given = [f"{k}: {getattr(self, k)}" for k in ("sharding", "mixed_precision", "cpu_offload")
                      if k in self.model_fields_set and getattr(self, k) != Parallelism.model_fields[k].default]
@@ -144,7 +149,7 @@ class Compute(Strict):
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
     pipeline: str = Field("novella", pattern=r"^[a-z_][a-z0-9_]*$")
-    base: Annotated[Union[Annotated[str, Tag("<path>")], Annotated[Base, Tag("<scratch>")]],
+    base: Annotated[Annotated[str, Tag("<path>")] | Annotated[Base, Tag("<scratch>")],
                     Discriminator(lambda v: "<path>" if isinstance(v, str) else "<scratch>")]
     data: dict[Annotated[str, Field(pattern=NAME)], DataSource] = Field(min_length=1)
     stages: list[AnyStage] = Field(min_length=1)
@@ -158,7 +163,7 @@ class Recipe(Strict):
     output: str
 
     @model_validator(mode="after")
-    def _cross_refs(self) -> "Recipe":
+    def _cross_refs(self) -> Recipe:
         problems = _data_problems(self)
         names = [s.name for s in self.stages]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -203,7 +208,7 @@ class Recipe(Strict):
 
 
 # ------------------------------------------------------------------------------------ loading
-def _data_problems(recipe: "Recipe") -> list[str]:
+def _data_problems(recipe: Recipe) -> list[str]:
     """Every source a stage names exists, is not an evaluation set, and has the form the stage reads."""
     problems = []
     for j, src in enumerate(recipe.hygiene.decontaminate_against):
@@ -231,7 +236,7 @@ def lora_problems(stages: list, modules: frozenset, what: str) -> list[str]:
     return problems
 
 
-def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str]:
+def _source_problems(recipe: Recipe, i: int, stage: StageSettings) -> list[str]:
     """A stage's sources exist, are no evaluation set, and hold what its kind reads (`reads` on
     its settings class): plain text, chat records, preference pairs, or prompt rows (any record)."""
     problems, evals = [], set(recipe.hygiene.decontaminate_against)
@@ -264,7 +269,7 @@ def _source_problems(recipe: "Recipe", i: int, stage: StageSettings) -> list[str
     return problems
 
 
-def _has_chat(recipe: "Recipe", stage: StageSettings) -> bool:
+def _has_chat(recipe: Recipe, stage: StageSettings) -> bool:
     return any(recipe.data[n].chat is not None for n in stage.sources if n in recipe.data)
 
 

@@ -4,7 +4,7 @@ registers itself under its `kind`. The kinds table (forge.kinds) names the stage
 planner workload that belong to each kind."""
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -25,7 +25,7 @@ class Optim(Strict):
                                "such as CUDA; off on CPU, where the per-tensor loop keeps the reference numbers)")
 
     @model_validator(mode="after")
-    def _betas(self) -> "Optim":
+    def _betas(self) -> Optim:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
         return self
@@ -102,7 +102,7 @@ class TrainSettings(StageSettings):
     merge: MergeBack | None = Field(None, description="interpolate the output back toward the input weights")
 
     @model_validator(mode="after")
-    def _budget(self) -> "TrainSettings":
+    def _budget(self) -> TrainSettings:
         if (self.max_tokens is None) == (self.max_steps is None):
             raise ValueError("give exactly one of 'max_tokens' or 'max_steps'")
         if self.schedule.warmup_steps and self.max_steps and self.schedule.warmup_steps >= self.max_steps:
@@ -131,7 +131,7 @@ class NovaMixture(Strict):
     curated: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _hundred(self) -> "NovaMixture":
+    def _hundred(self) -> NovaMixture:
         both = sorted(set(self.customer) & set(self.curated))
         if both:
             raise ValueError(f"{both} listed under both customer and curated; give each source once")
@@ -150,8 +150,7 @@ def _mixture_kind(value: Any) -> str:
 
 
 Mixture = Annotated[
-    Union[Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Tag("<weights>")],
-          Annotated[NovaMixture, Tag("<nova>")]],
+    Annotated[dict[str, Annotated[float, Field(allow_inf_nan=False)]], Tag("<weights>")] | Annotated[NovaMixture, Tag("<nova>")],
     Discriminator(_mixture_kind),
 ]
 
@@ -169,7 +168,7 @@ class PretrainStage(TrainSettings):
     separator: Literal["eos", "bos"] = "eos"
 
     @model_validator(mode="after")
-    def _mixture(self) -> "PretrainStage":
+    def _mixture(self) -> PretrainStage:
         if not self.weights:
             raise ValueError("mixture: give at least one source")
         bad = {k: v for k, v in self.weights.items() if not v > 0}
@@ -227,7 +226,7 @@ class ContextExtension(Strict):
     max_position: int | None = Field(None, ge=16, description="context length written to config.json; default seq_len")
 
     @model_validator(mode="after")
-    def _something(self) -> "ContextExtension":
+    def _something(self) -> ContextExtension:
         if self.rope_theta is None and self.rope_scaling is None:
             raise ValueError("give rope_theta and/or rope_scaling (type, factor)")
         return self
@@ -254,7 +253,7 @@ class SoupStage(StageSettings):
         None, description="one per ingredient; default uniform")
 
     @model_validator(mode="after")
-    def _weights(self) -> "SoupStage":
+    def _weights(self) -> SoupStage:
         if self.weights is not None and len(self.weights) != len(self.ingredients):
             raise ValueError(f"give one weight per ingredient ({len(self.ingredients)}), got {len(self.weights)}")
         return self
@@ -291,7 +290,7 @@ class PostTrainSettings(TrainSettings):
     seq_len: int = Field(512, ge=8, le=1_048_576)
 
     @model_validator(mode="after")
-    def _lora(self) -> "PostTrainSettings":
+    def _lora(self) -> PostTrainSettings:
         if self.lora is not None and self.merge is not None and not self.lora.merge:
             raise ValueError("merge: merge-back needs full weights; set lora.merge: true or drop merge")
         if self.lora is not None and self.checkpoint.every:
@@ -351,7 +350,7 @@ class DpoStage(PostTrainSettings):
     schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
 
     @model_validator(mode="after")
-    def _ipo(self) -> "DpoStage":
+    def _ipo(self) -> DpoStage:
         if self.loss == "ipo" and self.label_smoothing:
             raise ValueError("label_smoothing applies to the sigmoid loss only; set it to 0 for ipo")
         return self

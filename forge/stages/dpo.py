@@ -21,6 +21,7 @@ import torch
 from forge.data.examples import OnError, preference_examples
 from forge.data.formats import FormatStats, resolve_chat_template
 from forge.errors import ForgeError
+from forge.progress import counted, say
 from forge.recipe.settings import DpoStage
 from forge.stages.post_data import chat_spec, epoch_generator, split_rows, tokens_by_source
 from forge.stages.result import StageInputs, StageResult
@@ -29,7 +30,6 @@ from forge.track.protocol import StageTracker
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import IGNORE, Loss
 from forge.train.preference import dpo_loss, sequence_logps
-from forge.train.progress import counted, say
 from forge.train.session import Session, open_session
 
 Pair = dict[str, Any]  # a tokenized preference pair (forge.data.examples.preference_examples)

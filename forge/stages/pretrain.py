@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from forge.data.blocks import Ranks
-from forge.data.mixing import MixedBlocks, Mix, launch_mixture
+from forge.data.mixing import Mix, MixedBlocks, launch_mixture
 from forge.lm.perplexity import loss_metrics, source_blocks, source_losses
 from forge.recipe.settings import MidtrainStage, PretrainStage
 from forge.stages.result import StageInputs, StageResult
+from forge.train.checkpoint import load_position
 from forge.train.context import extend_context
 from forge.train.loop import Outcome, Task, fit
 from forge.train.losses import causal_lm_loss
-from forge.train.checkpoint import load_position
 from forge.train.session import Session, open_session
 from forge.train.state import TrainState
 

@@ -37,7 +37,6 @@ from forge.train.session import Session, open_session
 from forge.train.state import TrainState
 from forge.train.step import Record, StepResult
 
-
 Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fields rewards receive)
 
 

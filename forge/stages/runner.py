@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge.inputs import Inputs
+from forge.kinds import KINDS, trains
 from forge.lineage import MergeRecord, StageRecord
 from forge.plan.device_peak import flops_per_token, peak_flops_for_device
-from forge.plan.runlog import log_measured, log_plan_chart, log_stage_plan
-from forge.kinds import KINDS, trains
+from forge.plan.record import log_measured, log_plan_chart, log_stage_plan
 from forge.stages.result import StageInputs, StageResult
 from forge.track.notes import stage_note
 from forge.track.protocol import Tracker
 from forge.track.runs import RunIds
 from forge.train.accel import device_name, process_state
 from forge.train.checkpoint import finished_result
-from forge.train.meter import Flops
 from forge.train.memory import peak_rss_mb, reset_peak_rss
+from forge.train.meter import Flops
 
 
 @dataclass

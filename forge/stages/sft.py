@@ -9,7 +9,8 @@ per batch. Its own part of the loop (forge.train.loop.fit): those batches, the m
 held-out loss as the evaluation, sample generations of held-out prompts. LoRA adapters when
 `lora:` is set. With `replay_distill`, the replayed general text's loss is (in that share) the KL
 divergence from a frozen teacher: the stage's input model, or the pipeline's base
-(`replay_teacher`); a proprietary text source (documents to learn) keeps the plain loss. The chat template is saved with the model.
+(`replay_teacher`); a proprietary text source (documents to learn) keeps the plain loss. The chat
+template is saved with the model.
 """
 from __future__ import annotations
 

@@ -34,8 +34,15 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 from forge.track.export import fetch_registered_model, find_novella_run, log_export, registered_versions_of_run
-from forge.track.names import (MAX_PARAM_KEY, MAX_PARAM_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, flatten,
-                               metric_name, summary_value)
+from forge.track.names import (
+    MAX_PARAM_KEY,
+    MAX_PARAM_VALUE,
+    METRICS_PER_BATCH,
+    PARAMS_PER_BATCH,
+    flatten,
+    metric_name,
+    summary_value,
+)
 from forge.track.protocol import StageTracker, Tracker
 from forge.track.registry import details_path, version_details
 from forge.track.runs import RUNS_FILE, ParentRun, RunIds, parent_run

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge.track.view import EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT, VIEW_TAG, headline_columns, run_url, view_state
 from forge.scrub import first_line
+from forge.track.view import EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT, VIEW_TAG, headline_columns, run_url, view_state
 
 MAX_RUNS = 200  # the stages of one pipeline; more are not read for the view
 

@@ -75,7 +75,8 @@ def stage_note(stage: Any, checkpoint: Path, result: Any, plan: Any, merge: Merg
     m = result.metrics
     data = ", ".join(f"{name} ({weight:g})" if isinstance(weight, (int, float)) else name
                      for name, weight in stage.sources.items()) or "none"
-    lines = [f"**{stage.name}** ({stage.kind}): {result.steps:,} steps, {_fmt(m.get('tokens', sum(result.tokens_by_source.values())))} tokens",
+    tokens = _fmt(m.get("tokens", sum(result.tokens_by_source.values())))
+    lines = [f"**{stage.name}** ({stage.kind}): {result.steps:,} steps, {tokens} tokens",
              "", f"- data: {data}", f"- from: `{checkpoint}`", f"- to: `{result.checkpoint}`"]
     results = [f"{label} {_fmt(m[key])}" for key, label in
                (("loss", "train loss"), ("eval_loss_start", "eval loss at start"), ("eval_loss", "eval loss"),

@@ -23,7 +23,7 @@ class RunIds:
     reopened: bool = False  # the parent run was reopened (not a new one)
 
     @classmethod
-    def load(cls, out: Path) -> "RunIds":
+    def load(cls, out: Path) -> RunIds:
         path = Path(out) / RUNS_FILE
         data = json.loads(path.read_text()) if path.is_file() else {}
         return cls(path, data.get("parent"), dict(data.get("stages", {})))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Iterator
 
 from forge.errors import ForgeError
-from forge.track import internals
 from forge.scrub import first_line
+from forge.track import internals
 
 
 @contextlib.contextmanager

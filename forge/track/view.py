@@ -18,7 +18,6 @@ What MLflow 3.17's UI allows from outside, as read from its server bundle:
 from __future__ import annotations
 
 import json
-import urllib.parse
 from typing import Any
 
 from forge.track.names import MAX_EXPERIMENT_TAG_VALUE
@@ -47,11 +46,6 @@ def experiment_url(base: str, experiment_id: str | None = None, view: bool = Fal
 
 def run_url(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING}"
-
-
-def model_url(base: str, name: str, version: int | str | None = None) -> str:
-    path = f"models/{urllib.parse.quote(name, safe='')}" + (f"/versions/{version}" if version is not None else "")
-    return f"{base}/#/{path}?{MODEL_TRAINING}"
 
 
 def story_metrics(evaluation: Any) -> dict[str, float]:

@@ -49,7 +49,8 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def decoder_layers(hf: torch.nn.Module, why: str = "parallelism.strategy: fsdp", fix: str = "use strategy ddp") -> list[torch.nn.Module]:
+def decoder_layers(hf: torch.nn.Module, why: str = "parallelism.strategy: fsdp",
+                   fix: str = "use strategy ddp") -> list[torch.nn.Module]:
     """The decoder layers: the modules transformers never splits across devices (`_no_split_modules`)."""
     names = set(getattr(hf, "_no_split_modules", None) or [])
     found = [m for m in hf.modules() if type(m).__name__ in names]

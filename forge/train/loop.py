@@ -15,13 +15,13 @@ from typing import Any, Callable, Protocol
 import torch
 
 from forge.data.sources import name_records
+from forge.progress import phase, progress, say
 from forge.train.denormals import flush_denormals
 from forge.train.meter import Meter
-from forge.train.progress import phase, progress, say
 from forge.train.result import StageResult
 from forge.train.session import Session
 from forge.train.signals import GracefulStop, StopRequested
-from forge.train.state import Stream, TrainState
+from forge.train.state import Resumable, TrainState
 from forge.train.step import Divergence, DivergenceGuard, Record, StepResult, train_step
 
 
@@ -57,7 +57,7 @@ class Task:
 
     batches: Callable[[], list[Any]]
     loss: Callable[[torch.nn.Module, Any], Any]
-    data: Stream
+    data: Resumable
     tokens: Callable[[list[Any]], int]
     finish: Callable[[TrainState], Outcome]
     evaluate: Callable[[int], dict[str, float]] | None = None

@@ -24,5 +24,5 @@ class StageResult:
                 "tokens_by_source": self.tokens_by_source, "lineage": scrub_tree(self.lineage)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StageResult":
+    def from_dict(cls, d: dict[str, Any]) -> StageResult:
         return cls(Path(d["checkpoint"]), d["metrics"], d["steps"], d["tokens_by_source"], d["lineage"])

@@ -21,11 +21,11 @@ from forge.train.accel import new_accelerator
 from forge.train.checkpoint import split_state
 from forge.train.checkpointer import Checkpointer, FinalSave
 from forge.train.compiled import compile_layers
+from forge.train.fsdp import Options
 from forge.train.lora import wrap_lora
 from forge.train.memory import PeakMemory
 from forge.train.meter import Flops
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
-from forge.train.fsdp import Options
 from forge.train.parallel import STRATEGIES, Strategy, strategy
 from forge.train.settings import LoraSettings, TrainSettings
 from forge.train.state import TrainState

@@ -23,8 +23,7 @@ import torch
 from forge.errors import ForgeError
 from forge.files import atomic_dir
 from forge.scrub import first_line
-from forge.train import checkpoint as files
-from forge.train import fsdp
+from forge.train import checkpoint as files, fsdp
 from forge.train.checkpointer import FinalSave, FullCheckpointer, Process
 
 SHARDS = "dcp"  # the DCP folder inside a sharded resume point
@@ -73,8 +72,8 @@ class ShardedCheckpointer:
     def load_state(self, path: Path) -> dict[str, Any]:
         """The saved TrainState without its optimizer, which is loaded here with the model from the
         shards (resharded by DCP when the world size changed); this rank's RNG."""
-        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
         model, optimizer = self._bound()
         state = files.load_state(path)
@@ -124,8 +123,8 @@ class ShardedCheckpointer:
 
     def save_resumable(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
                        keep_last: int | None) -> Path:
-        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
         from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         model, optimizer = self._bound()
         training = state["training"]

@@ -40,7 +40,7 @@ class GracefulStop:
         self._announce(f"forge: {signal.Signals(signum).name}: finishing the current step and writing a "
                        "checkpoint (send it again to stop at once)")
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         try:
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

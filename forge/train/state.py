@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # step imports the session, which imports this module
-    from forge.train.step import DivergenceGuard
 
-
-class Stream(Protocol):
-    """A task's data: its position is part of the resume state."""
+class Resumable(Protocol):
+    """Part of the resume state: a task's data stream (its position), the divergence guard (its window)."""
 
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -42,8 +39,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    data: Stream
-    guard: DivergenceGuard | None = None
+    data: Resumable
+    guard: Resumable | None = None
     step: int = 0             # optimizer steps done
     tokens: int = 0           # tokens trained on (all ranks)
     metrics: dict[str, Any] = field(default_factory=dict)

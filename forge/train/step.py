@@ -23,7 +23,6 @@ from forge.train.losses import Loss, target_count
 from forge.train.session import Session
 from forge.train.settings import GuardSettings
 
-
 Record = tuple[str, int]  # (data source, record number): a record a batch holds
 SHOWN = 5  # records a guard message names; the rest are counted (all are in the run's guard/step-N.txt)
 

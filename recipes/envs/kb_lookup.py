@@ -1,7 +1,8 @@
 """An agentic RFT environment on the quickstart's knowledge base (forge/data/kb.py): asked about a
 product's attribute, the policy must call the tool `lookup(product, attribute)` and answer with the
 value it returns. Reward: 1 for an answer that is the value; otherwise partial credit for the
-best lookup made: 0.4 for the right attribute, 0.2 for the right product (dense enough for a tiny model's groups). `python recipes/envs/kb_lookup.py` writes recipes/data/kb_agent_tasks.jsonl
+best lookup made: 0.4 for the right attribute, 0.2 for the right product (dense enough for a tiny
+model's groups). `python recipes/envs/kb_lookup.py` writes recipes/data/kb_agent_tasks.jsonl
 (every product and attribute, asked in two phrasings) and kb_agent_demos.jsonl (demonstration trajectories of the
 training tasks, never of held-out ones, for an SFT warm-up; OpenAI chat records with tool calls).
 """

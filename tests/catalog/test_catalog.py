@@ -10,10 +10,10 @@ import shutil
 import pytest
 import yaml
 
+from catalog_testing import write_tiny_foundation
 from forge import catalog
 from forge.cli import main
 from forge.errors import ForgeError
-from catalog_testing import write_tiny_foundation
 
 
 @pytest.fixture(autouse=True)

@@ -30,6 +30,7 @@ def recipe(tmp_path, base, stages=None, data=None, **kw) -> str:
     return str(write_recipe(tmp_path / "r.yaml", r))
 
 
+@pytest.mark.slow
 def test_a_catalog_base_validates_runs_and_is_recorded(tiny_checkpoint, tmp_path, capsys):
     assert main(["catalog", "add", "acme@mid-trained", str(tiny_checkpoint)]) == 0
     path = recipe(tmp_path, "catalog://acme@mid-trained")
@@ -66,6 +67,7 @@ def test_an_unknown_phase_in_a_recipe_names_the_field_and_line(tiny_checkpoint, 
     assert "r.yaml:line 2: base: family 'acme' has no phase 'annealed'; its phases: mid-trained (mid-trained)" in err
 
 
+@pytest.mark.slow
 def test_curated_replay_trains_at_exact_shares(tiny_checkpoint, tmp_path, home):
     write_tiny_foundation(home, tiny_checkpoint, holdout=0.1)
     data = {"kb": {"generate": {"kind": "facts", "documents": 300, "seed": 1}, "proprietary": True},
@@ -87,6 +89,7 @@ def test_curated_replay_trains_at_exact_shares(tiny_checkpoint, tmp_path, home):
     assert src.holdout == 0.1 and not src.proprietary  # the family's holdout fraction
 
 
+@pytest.mark.slow
 def test_an_unbuilt_family_is_built_on_the_first_run_never_by_validate(tiny_checkpoint, tmp_path, home,
                                                                       monkeypatch, capsys):
     built = []

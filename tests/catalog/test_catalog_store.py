@@ -5,7 +5,6 @@ names are strict slugs, and a registered folder that was deleted is said to be m
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 
@@ -39,6 +38,7 @@ def _one_line_error(capsys, *argv: str) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_twelve_parallel_adds_all_land(tmp_path, home):
     ckpt = write_header_only_checkpoint(tmp_path / "ckpt")
     procs = [subprocess.Popen([sys.executable, "-m", "forge.cli", "catalog", "add", f"acme@p{i}", str(ckpt),

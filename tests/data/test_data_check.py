@@ -178,6 +178,7 @@ def test_a_50_mb_line_is_reported_too_long_without_holding_it(tmp_path):
     assert f"error: {path}:line 2: too long: {size:,} bytes, over the limit of 8,388,608" in out, out
 
 
+@pytest.mark.slow
 def test_a_million_bad_lines_are_counted_not_kept(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"{x\n" * 200_000)

@@ -11,10 +11,17 @@ import pytest
 
 from forge.data.examples import OnError, preference_examples, sft_examples
 from forge.data.formats import (
-    DEFAULT_CHAT_TEMPLATE, ChatEncoder, FormatSpec, FormatStats, parse_hh, to_messages, to_preference, tokenize_sft,
+    DEFAULT_CHAT_TEMPLATE,
+    ChatEncoder,
+    FormatSpec,
+    FormatStats,
+    parse_hh,
+    to_messages,
+    to_preference,
+    tokenize_sft,
 )
-from forge.inputs import resolve_source
 from forge.errors import ForgeError
+from forge.inputs import resolve_source
 from forge.recipe import DataSource
 from forge_testing import shared_path
 
@@ -286,7 +293,7 @@ def test_recipe_chat_format_maps_fields_and_rejects_unknown_ones(tmp_path, tok):
     cfg = DataSource(path=str(path), chat={"kind": "prompt_completion", "fields": {"prompt": "q", "completion": "a"}})
     source = resolve_source("qa", cfg, tmp_path)
     (ex,) = list(sft_examples(source.rows(), tok, cfg.chat, 128, "qa", FormatStats()))
-    labelled = tok.decode([t for t, l in zip(ex["input_ids"], ex["labels"]) if l != -100])
+    labelled = tok.decode([t for t, label in zip(ex["input_ids"], ex["labels"]) if label != -100])
     assert labelled == "Titanium." + tok.eos_token
     with pytest.raises(ValidationError, match="has no field"):
         DataSource(path=str(path), chat={"kind": "prompt_completion", "fields": {"question": "q"}})

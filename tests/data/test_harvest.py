@@ -81,6 +81,7 @@ def test_prose_filter_drops_code_and_reduces_markup():
     assert 0 < share < 1
 
 
+@pytest.mark.slow
 def test_harvest_is_deterministic(root):
     first = harvest.harvest([("site", root)], workers=1)
     harvest._harvest.cache_clear()
@@ -93,6 +94,7 @@ def test_harvest_is_deterministic(root):
     assert len(one) > 300
 
 
+@pytest.mark.slow
 def test_curated_files_are_byte_identical_twice(tmp_path, monkeypatch):
     monkeypatch.setattr(harvest, "MAX_FILES_PER_ROOT", 40)
     harvest._harvest.cache_clear()
@@ -140,6 +142,7 @@ for name, n in (("general", 300), ("long", 40), ("instructions", 200)):
 """
 
 
+@pytest.mark.slow
 def test_the_corpus_does_not_depend_on_what_else_is_installed(tmp_path):
     """The curated sets built in this environment and in a second one with one more package
     installed (a venv seeing this one's packages, plus its own with docstrings) are the same bytes."""

@@ -13,7 +13,11 @@ import pytest
 from forge.data.chat_render import DEFAULT_CHAT_TEMPLATE, GENERATION_TAG, ChatRenderer
 from forge.data.examples import preference_examples, sft_examples
 from forge.data.formats import (
-    IGNORE, ChatEncoder, FormatSpec, FormatStats, resolve_chat_template,
+    IGNORE,
+    ChatEncoder,
+    FormatSpec,
+    FormatStats,
+    resolve_chat_template,
     to_messages,
 )
 from forge.data.head_encode import HeadCutter

@@ -9,8 +9,8 @@ import pytest
 
 from forge.data import keyindex
 from forge.data.dedup import MinHashLSH, WordHasher, lsh_params, shingles, words
-from forge.data.keyindex import BloomFilter, CompactIndex, SpillIndex
 from forge.data.hygiene import Hygiene, HygieneConfig
+from forge.data.keyindex import BloomFilter, CompactIndex, SpillIndex
 from forge.errors import ForgeError
 
 _VOCAB = [f"w{i}" for i in range(3000)]

@@ -11,9 +11,9 @@ from fractions import Fraction
 import pytest
 import yaml
 
-from forge_testing import REPO
 from forge.data import kb
 from forge.data.generate import write_generated
+from forge_testing import REPO
 
 
 def _quickstart_sizes() -> dict[str, int]:

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from forge_testing import REPO, shared_path
 from forge.data import mixing
 from forge.data.mixing import build_mixture
 from forge.inputs import resolve_source
 from forge.recipe import DataSource
+from forge_testing import REPO, shared_path
 
 
 def _long_source(tmp_path, n_words=6000, seed=0):

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from forge.data.mixing import build_mixture, eval_blocks, in_holdout
-from forge.inputs import resolve_source
 from forge.errors import ForgeError
+from forge.inputs import resolve_source
 from forge.recipe import DataSource
 
 

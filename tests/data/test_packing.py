@@ -9,7 +9,12 @@ import torch
 from forge.data.examples import sft_examples
 from forge.data.formats import FormatSpec, FormatStats
 from forge.data.packing import (
-    collate, pack_best_fit, pack_next_fit, pack_stream, packing_efficiency, pad_batches,
+    collate,
+    pack_best_fit,
+    pack_next_fit,
+    pack_stream,
+    packing_efficiency,
+    pad_batches,
 )
 from forge.train.losses import masked_lm_loss, masked_lm_loss_sum
 
@@ -103,6 +108,7 @@ def tiny_model(vocab: int, attn: str):
     return LlamaForCausalLM(cfg).float().eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_packed_and_unpacked_losses_are_equal(sft_data, attn):
     tok, examples = sft_data
@@ -127,6 +133,7 @@ def test_packed_and_unpacked_losses_are_equal(sft_data, attn):
     assert abs(leaky.item() - ref.item()) > 5e-4
 
 
+@pytest.mark.slow
 def test_packed_gradients_match_unpacked(sft_data):
     tok, examples = sft_data
     model = tiny_model(len(tok), "sdpa").train()

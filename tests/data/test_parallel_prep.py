@@ -104,7 +104,8 @@ def _sharded(cfg, sources, todo, folder: Path, engine: Engine):
 def test_kept_records_cache_and_counts_do_not_depend_on_workers(tmp_path, engines, small_shards, case):
     docs, evals, cfg, gz = case
     folder = Path(tempfile.mkdtemp(dir=tmp_path))
-    cfgs = {"a": _write(folder, "a", docs["a"]), "b": _write(folder, "b", docs["b"], files=1), "ev": _write(folder, "ev", evals, 1)}
+    cfgs = {"a": _write(folder, "a", docs["a"]), "b": _write(folder, "b", docs["b"], files=1),
+            "ev": _write(folder, "ev", evals, 1)}
     if gz:  # a source workers cannot split by bytes: read here, shipped as record batches
         path = folder / "b" / "0.jsonl"
         (folder / "b" / "0.jsonl.gz").write_bytes(gzip.compress(path.read_bytes()))

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
+from forge.data.hygiene import HygieneConfig
 from forge.data.prepare import clean_sources
 from forge.inputs import resolve_source
-from forge.data.hygiene import HygieneConfig
 from forge.recipe import DataSource
 
 SECRET = "jane.doe@acme-corp.com"

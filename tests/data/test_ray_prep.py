@@ -149,6 +149,7 @@ def _clean(cfg, sources, folder: Path, engine: Engine):
     return {n: (out / f"{n}.jsonl").read_bytes() for n in ("a", "b")}, stats.as_dict()
 
 
+@pytest.mark.slow
 def test_hygiene_and_tokens_on_a_two_node_cluster_equal_the_local_engine(cluster, tmp_path, tiny_checkpoint,
                                                                            monkeypatch):
     from transformers import AutoTokenizer

@@ -8,8 +8,16 @@ import json
 import pytest
 
 from forge.data.mixing import in_holdout
-from forge.data.rewrite import (found_in, grounded_answer, grounded_paraphrase, invented, parse_pairs,
-                                parse_paraphrase, prompts_for, write_rewrites)
+from forge.data.rewrite import (
+    found_in,
+    grounded_answer,
+    grounded_paraphrase,
+    invented,
+    parse_pairs,
+    parse_paraphrase,
+    prompts_for,
+    write_rewrites,
+)
 from forge.data.sources import Source
 
 PASSAGE = ("The Zorblax X2 kettle holds 1.7 litres and boils water in 180 seconds. It is made in Tallinn by "

@@ -61,6 +61,7 @@ def _kept_answers_are_grounded(path, documents):
     return rows
 
 
+@pytest.mark.slow
 def test_forge_tiny_post_trained_writes_grounded_augmentation_recorded_in_the_lineage(post_trained, tmp_path,
                                                                                      monkeypatch):
     import forge.lm.rewrite as rw
@@ -88,7 +89,8 @@ def test_forge_tiny_post_trained_writes_grounded_augmentation_recorded_in_the_li
                              output_format="list")[0]
     assert run.data.params["data.manual.rewrite.generator"] == GENERATOR
     assert run.data.params["data.manual.rewrite.qa_dropped"] == str(record["qa_dropped"])
-    assert len(first) == 2 * record["documents"]  # one answer per paraphrase and per QA ask (a random tiny model writes mostly blanks)
+    # one answer per paraphrase and per QA ask (a random tiny model writes mostly blanks)
+    assert len(first) == 2 * record["documents"]
     prepare_inputs(load_recipe(tmp_path / "r.yaml"), tmp_path / "out2")  # no cache there: asked again
     assert [a for batch in answers for a in batch] == first  # greedy: the same answers
     # a second preparation reads the cached file: the generator is not loaded again

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from forge.inputs import resolve_source
 from forge.errors import ForgeError
+from forge.inputs import resolve_source
 from forge.recipe import DataSource
 
 

@@ -39,6 +39,7 @@ def test_eval_on_a_folder_without_a_run_writes_nothing_there(tmp_path, capsys):
     assert not (tmp_path / "absent").exists()
 
 
+@pytest.mark.slow
 def test_eval_logs_into_its_own_run_not_the_parent(tmp_path, capsys):
     path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)],
                                                          tracking={"register_model": False}))

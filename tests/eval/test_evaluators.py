@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from forge_testing import memorise, pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.eval import evaluators as E
 from forge.lm.perplexity import source_blocks
 from forge.recipe import PretrainStage
+from forge_testing import memorise, pretrain_stage, run_stage
 
 FACTS = [("What is the Zephyr valve made of?", "titanium"),
          ("Where is the Ion pump built?", "Oslo"),
@@ -26,6 +26,7 @@ def test_normalize_answer():
     assert E.normalize_answer("an  Apple, a pear") == "apple pear"
 
 
+@pytest.mark.slow
 def test_fact_recall_memorised_model_scores_100_random_scores_0(tiny_checkpoint):
     model, tok = _model(tiny_checkpoint)
     before = E.fact_recall(model, tok, FACTS, max_new_tokens=8, device="cpu")
@@ -40,6 +41,7 @@ def test_fact_recall_memorised_model_scores_100_random_scores_0(tiny_checkpoint)
     assert E.fact_recall(model, tok, wrong, max_new_tokens=8, device="cpu")["fact_recall.contains"] == 0.0
 
 
+@pytest.mark.slow
 def test_preference_accuracy_follows_what_the_model_learned(tiny_checkpoint):
     pairs = [("Human: what colour is the sky?\nAssistant:", " blue, on a clear day.", " made of cheese."),
              ("Human: how many legs has a cat?\nAssistant:", " four legs.", " nine wheels."),

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from forge_testing import memorise, write_recipe
 from forge import cli
-from forge.data.chat_render import ChatRenderer, DEFAULT_CHAT_TEMPLATE
+from forge.data.chat_render import DEFAULT_CHAT_TEMPLATE, ChatRenderer
 from forge.errors import ForgeError
 from forge.eval import recall
 from forge.eval.gates import check_gates
@@ -16,6 +15,7 @@ from forge.eval.suite import run_suite
 from forge.inputs import resolve_source
 from forge.recipe import DataSource
 from forge.recipe.eval import EvalBlock
+from forge_testing import memorise, write_recipe
 
 FACTS = [("Where is the Zimeth P5 made?", "Skuvor", "Which plant assembles the Zimeth P5?"),
          ("How much does the Badox X2 cost?", "3000 euros", "If I buy the Badox X2, how much do I pay?"),
@@ -53,6 +53,7 @@ def _eval_source(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_per_split_figures_through_the_chat_template(taught, tiny_checkpoint, tmp_path):
     sources = {"kb": resolve_source("kb", DataSource(path=str(_eval_source(tmp_path)), holdout=0.0), tmp_path)}
     suite = EvalBlock(domain=[], general=[], seq_len=32, separator="eos",
@@ -72,6 +73,7 @@ def test_per_split_figures_through_the_chat_template(taught, tiny_checkpoint, tm
     assert run_suite({"n": taught}, plain, sources, log=lambda *_: None).metrics["n"]["fact_recall.train.exact"] < 1.0
 
 
+@pytest.mark.slow
 def test_split_filter_and_limit_per_split(taught, tmp_path):
     sources = {"kb": resolve_source("kb", DataSource(path=str(_eval_source(tmp_path)), holdout=0.0), tmp_path)}
     suite = EvalBlock(domain=[], general=[], seq_len=32, separator="eos",
@@ -89,6 +91,7 @@ def test_split_filter_and_limit_per_split(taught, tmp_path):
                  sources)
 
 
+@pytest.mark.slow
 def test_instruction_following_on_held_out_chat_records(taught, tmp_path):
     path = tmp_path / "instructions.jsonl"
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}], "split": s}
@@ -103,6 +106,7 @@ def test_instruction_following_on_held_out_chat_records(taught, tmp_path):
     assert check_gates(suite, m)[0].passed
 
 
+@pytest.mark.slow
 def test_batched_generation_equals_one_prompt_at_a_time(taught):
     model, tok = _model(taught)
     p = recall.Prompter(tok, chat=True)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from forge.eval.card import model_card
-from forge.lineage import Lineage
 from forge.eval.gates import check_gates, passed
 from forge.eval.registry import Standing, decide, register
 from forge.eval.report import format_table, to_markdown
 from forge.eval.suite import Comparison
+from forge.lineage import Lineage
 from forge.recipe.eval import EvalBlock
 from forge.track.notes import base_summary
 

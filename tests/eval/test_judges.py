@@ -96,7 +96,8 @@ def test_rubrics_fields_files_and_parsing(tmp_path):
     assert rubric.fields() == ["document"]
     with pytest.raises(ForgeError, match=r"reads the prompt row's field\(s\) \['document'\]"):
         rubric.render("Summarize.", ["x"], {"title": "t"}, (1, 5))
-    assert "Reference answer:\n42" in load_rubric("reasoning_correctness").render("6*7?", ["42"], {"reference_answer": 42}, (1, 5))
+    rendered = load_rubric("reasoning_correctness").render("6*7?", ["42"], {"reference_answer": 42}, (1, 5))
+    assert "Reference answer:\n42" in rendered
     own = tmp_path / "tone.yaml"
     own.write_text("criteria: Is it polite?\ninputs: 'Request: {prompt} ({audience})'\n")
     mine = load_rubric(str(own))

@@ -56,6 +56,7 @@ def forge_home(tmp_path, monkeypatch):
     return tmp_path / "forge-home"
 
 
+@pytest.mark.slow
 def test_both_task_kinds_on_a_memorising_model_cached_in_forge_home(tmp_path, tiny_checkpoint, forge_home):
     import datasets.config
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,6 +73,7 @@ def test_both_task_kinds_on_a_memorising_model_cached_in_forge_home(tmp_path, ti
     assert datasets.config.HF_DATASETS_CACHE == before
 
 
+@pytest.mark.slow
 def test_a_wrong_answer_is_scored_wrong(tmp_path, tiny_checkpoint, forge_home):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,6 +85,7 @@ def test_a_wrong_answer_is_scored_wrong(tmp_path, tiny_checkpoint, forge_home):
     assert out["lm_eval.forge_mc.acc"] == 0.0 and out["lm_eval.forge_gen.exact_match"] == 0.0
 
 
+@pytest.mark.slow
 def test_forge_run_and_forge_eval_carry_the_figures_into_mlflow(tmp_path, forge_home, capsys):
     import mlflow
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from forge_testing import Recorder, pretrain_stage, run_stage
 from forge.recipe import PretrainStage
+from forge_testing import Recorder, pretrain_stage, run_stage
 
 
 def test_per_source_losses_average_back_to_the_mixed_loss(tmp_path, tiny_checkpoint, generated_sources):
@@ -15,8 +15,9 @@ def test_per_source_losses_average_back_to_the_mixed_loss(tmp_path, tiny_checkpo
     result = run_stage(stage, tiny_checkpoint, generated_sources, tmp_path, tracker)
     evals = [(s, m) for s, m in tracker.rows if "eval_loss" in m]
     assert [s for s, _ in evals] == [0, 2, 4]
-    from forge.data.mixing import eval_blocks
     from transformers import AutoTokenizer
+
+    from forge.data.mixing import eval_blocks
 
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     blocks = {n: eval_blocks(generated_sources, {n: 1.0}, tok, 32, "eos", 4) for n in ("general", "domain")}

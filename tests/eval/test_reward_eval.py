@@ -15,9 +15,9 @@ from forge.errors import ForgeError
 from forge.eval.gates import check_gates
 from forge.eval.suite import resolve_suite, run_suite
 from forge.inputs import resolve_source
+from forge.lm.rewards import RewardError
 from forge.recipe import DataSource
 from forge.recipe.eval import EvalBlock
-from forge.lm.rewards import RewardError
 from forge_testing import write_recipe
 
 REWARDS = """
@@ -81,6 +81,7 @@ def _suite(tmp, **reward) -> EvalBlock:
     return resolve_suite(EvalBlock(**block), [], {})
 
 
+@pytest.mark.slow
 def test_mean_reward_per_source_and_weighted_start_vs_candidate(toy):
     tmp, sources, models = toy
     c = run_suite(models, _suite(tmp), sources, log=lambda *_: None)

@@ -7,7 +7,6 @@ from forge.errors import ForgeError
 from forge.eval.suite import resolve_suite, run_suite
 from forge.recipe import DataSource, PretrainStage
 from forge.recipe.eval import EvalBlock
-
 from forge_testing import pretrain_stage
 
 

@@ -132,7 +132,8 @@ def test_a_suite_that_measured_nothing_says_so_and_a_given_headline_replaces_the
                                     ("general perplexity (web)", "ppl.web"), ("not measured", "instruct.accuracy")],
                           where=[("novella", "/r/novella"), ("export", "/r-bedrock")]))
     i = lines.index("r: start -> Novella")
-    assert lines[i + 1:i + 3] == ["  fact recall, held-out phrasings  10.0% -> 75.0%     (fact_recall.heldout.exact: 0.1 -> 0.75)",
-                                  "  general perplexity (web)         20.00 -> 21.00     (ppl.web: 20 -> 21)"]
+    assert lines[i + 1:i + 3] == [
+        "  fact recall, held-out phrasings  10.0% -> 75.0%     (fact_recall.heldout.exact: 0.1 -> 0.75)",
+        "  general perplexity (web)         20.00 -> 21.00     (ppl.web: 20 -> 21)"]
     assert lines[-2:] == ["novella: /r/novella", "export:  /r-bedrock"]
     assert [m["metric"] for m in map(QUICKSTART_LINE.match, lines[i:]) if m] == ["fact_recall.heldout.exact", "ppl.web"]

@@ -61,7 +61,8 @@ def _edit_config(folder, **changes):
     ("intermediate_size", 10**12, "the weights say 64"),
 ]] + [("qwen2", "num_attention_heads", 3, "hidden_size 32"),
       ("qwen2", "num_attention_heads", 8, "the weights say num_attention_heads 4 or num_key_value_heads 4"),
-      ("qwen2", "num_key_value_heads", 4, "the weights say num_attention_heads 8 or num_key_value_heads 2"), ("qwen2", "num_attention_heads", 0, "expected a positive")])
+      ("qwen2", "num_key_value_heads", 4, "the weights say num_attention_heads 8 or num_key_value_heads 2"),
+      ("qwen2", "num_attention_heads", 0, "expected a positive")])
 def test_config_is_checked_against_the_tensors(kind, key, value, says, tiny_checkpoint, tmp_path):
     src = save_tiny(kind, tmp_path / "m", tiny_checkpoint)
     _edit_config(src, **{key: value})
@@ -96,7 +97,7 @@ def test_a_pickle_named_safetensors_is_named_by_export_and_eval(tiny_checkpoint,
     torch.save(state, src / "model.safetensors")
     code, err = _cli("export", str(src), "--out", str(tmp_path / "e"))
     _one_line_refusal(code, err, "model.safetensors", "not a safetensors file")
-    from forge_testing import refusal, write_recipe
+    from forge_testing import write_recipe
 
     suite = write_recipe(tmp_path / "suite.yaml", {
         "data": {"general": {"generate": {"kind": "stories", "documents": 20}}},

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from export_fixtures import save_tiny
-from forge_testing import SHARED
 from forge.export.compat import known_keys
 from forge.export.layout import ExportOptions, export
 from forge.export.source import resolve
+from forge_testing import SHARED
 
 HERE = Path(__file__).parent
 PROMPTS = ["Once upon a time", "The valve is rated for 40 bar."]

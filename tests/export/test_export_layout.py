@@ -10,12 +10,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from export_fixtures import save_tiny
-from forge_testing import shared_path
 from forge.errors import ForgeError
 from forge.export import bedrock
 from forge.export.layout import ExportOptions, export, sha256
 from forge.export.source import resolve
 from forge.export.verify import verify
+from forge_testing import shared_path
 
 
 def _export(folder, out, tmp_path, **kw):

@@ -181,6 +181,7 @@ def _interrupted(model: Path, out: Path, ready: Path, sig: int) -> int:
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL])
 def test_an_interrupted_export_leaves_the_earlier_one_and_nothing_beside_it(model, tmp_path, sig):
     out = tmp_path / "exports" / "e"
@@ -214,6 +215,7 @@ def test_export_and_deploy_errors_do_not_suggest_resume(command, monkeypatch, ca
     assert err == "forge: error: /exports/e: Read-only file system\n"
 
 
+@pytest.mark.slow
 def test_a_fifo_named_like_the_weights_is_refused_not_waited_on(model, tmp_path):
     """safetensors would block on a FIFO until a writer came: the export names it and stops."""
     weights = model / "model.safetensors"

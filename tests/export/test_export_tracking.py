@@ -10,9 +10,11 @@ import pytest
 from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
-from forge_testing import REPO
 from forge import cli
 from forge.recipe import load_recipe
+from forge_testing import REPO
+
+pytestmark = pytest.mark.slow  # every test exports from one tracked `forge run` of the quickstart (a module fixture)
 
 ROLE = "arn:aws:iam::123456789012:role/BedrockImport"
 ARN = "arn:aws:bedrock:us-east-1:123456789012:model-import-job/quickstart01"

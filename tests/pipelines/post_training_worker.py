@@ -12,8 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # forge_testing
 
 from forge.inputs import resolve_source  # noqa: E402
-from forge.recipe import DataSource  # noqa: E402
 from forge.kinds import KINDS  # noqa: E402
+from forge.recipe import DataSource  # noqa: E402
 from forge.track import null_tracker  # noqa: E402
 from forge_testing import Recorder, run_stage  # noqa: E402
 

@@ -6,9 +6,9 @@ import secrets
 import mlflow
 import pytest
 
-from forge_testing import base_recipe, pretrain_stage, write_recipe
 from forge import cli
 from forge.recipe import load_recipe
+from forge_testing import base_recipe, pretrain_stage, write_recipe
 
 PLANTED = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
            "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "GITHUB_TOKEN", "MLFLOW_TRACKING_PASSWORD",

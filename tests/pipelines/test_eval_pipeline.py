@@ -8,9 +8,9 @@ import json
 import mlflow
 import pytest
 
-from forge_testing import base_recipe, pretrain_stage, write_recipe
 from forge import cli
 from forge.track import version_details
+from forge_testing import base_recipe, pretrain_stage, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,8 @@ def test_lineage_card_and_mlflow_hold_the_evaluation(runs):
     assert not [k for k in parent.data.metrics if k.startswith("suite")]
     stages = json.loads((tmp / "one" / "tracking.json").read_text())["stages"]
     general = client.get_run(stages["general"]).data.params
-    assert float(general["suite.ppl.general"].replace(",", "")) == pytest.approx(ev["models"][1]["metrics"]["ppl.general"], rel=1e-3)
+    assert float(general["suite.ppl.general"].replace(",", "")) == pytest.approx(ev["models"][1]["metrics"]["ppl.general"],
+                                                                               rel=1e-3)
     rows = json.loads(open(client.download_artifacts(stages["general"], "summary.json")).read())["data"]
     assert ["suite", "ppl.general", general["suite.ppl.general"]] in rows
     tags = client.get_model_version("tiny", "1").tags

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import mlflow
+import pytest
 
 from forge import cli
 from forge.recipe import load_recipe
 from forge_testing import base_recipe, pretrain_stage, write_recipe
 
 
+@pytest.mark.slow
 def test_pretrain_midtrain_soup_chain(tmp_path):
     mid = pretrain_stage("mid", max_steps=3, seq_len=256, batch_size=2,
                          optim={"lr": 1e-3, "carry_over": True},

@@ -13,6 +13,8 @@ from forge.data import harvest
 from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
 
+pytestmark = pytest.mark.slow  # builds forge-tiny's family (a module fixture) and checks it
+
 TINY = ["base.scratch.hidden_size=32", "base.scratch.layers=2", "base.scratch.heads=2", "base.scratch.kv_heads=1",
         "base.scratch.vocab_size=400", "data.general.generate.documents=1500", "data.skills.generate.documents=400",
         "data.instructions.generate.documents=400", "data.preferences.generate.documents=200"]

@@ -6,10 +6,10 @@ import json
 import mlflow
 import pytest
 
-from forge_testing import base_recipe, pretrain_stage, write_recipe
 from forge import cli
-from forge.track import version_details
 from forge.recipe import load_recipe
+from forge.track import version_details
+from forge_testing import base_recipe, pretrain_stage, write_recipe
 
 
 def _client(recipe):
@@ -39,6 +39,7 @@ def two_stage(tmp_path_factory):
     return load_recipe(path)
 
 
+@pytest.mark.slow
 def test_stages_chain_and_novella_has_lineage(two_stage):
     out = two_stage.output
     lineage = json.loads(open(f"{out}/novella/lineage.json").read())
@@ -55,6 +56,7 @@ def test_stages_chain_and_novella_has_lineage(two_stage):
     assert "max_steps: 6" in open(f"{out}/recipe.resolved.yaml").read()
 
 
+@pytest.mark.slow
 def test_mlflow_holds_parent_children_metrics_and_datasets(two_stage):
     client, parents, children = _runs(two_stage)
     assert len(parents) == 1 and len(children) == 2
@@ -72,6 +74,7 @@ def test_mlflow_holds_parent_children_metrics_and_datasets(two_stage):
     assert {"lineage.json", "recipe.resolved.yaml"} <= artifacts
 
 
+@pytest.mark.slow
 def test_stage_runs_carry_plan_and_predicted_vs_measured(two_stage):
     client, _, children = _runs(two_stage)
     for child in children:
@@ -95,6 +98,7 @@ def test_plan_that_cannot_fit_is_refused_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_registered_model_with_alias_generates(two_stage):
     client = _client(two_stage)
     version = client.get_model_version_by_alias("tiny", "champion")
@@ -104,6 +108,7 @@ def test_registered_model_with_alias_generates(two_stage):
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
 
 
+@pytest.mark.slow
 def test_failing_stage_marks_child_and_parent_failed(tmp_path, monkeypatch, capsys):
     import forge.stages.pretrain as pretrain
 
@@ -134,6 +139,7 @@ def test_validate_and_help(tmp_path, capsys):
     assert "stages[0].batch_size" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_proprietary_data_is_cleaned_and_secrets_never_logged(tmp_path):
     secret, key = "maria.lopez@example.org", "AKIAIOSFODNN7EXAMPLQ"
     rows = [f"Ticket {i}: the Helix-{i % 7} rotor makes noise at speed {i * 10}; reply to {secret}." for i in range(60)]
@@ -161,6 +167,7 @@ def test_proprietary_data_is_cleaned_and_secrets_never_logged(tmp_path):
     assert secret.encode() not in everything and key.encode() not in everything
 
 
+@pytest.mark.slow
 def test_run_page_groups_curves_and_has_no_one_point_charts(two_stage):
     client, parents, children = _runs(two_stage)
     for run in parents + children:  # the parent's: its headline figures, start/ and novella/ (forge.track.story)
@@ -180,6 +187,7 @@ def test_run_page_groups_curves_and_has_no_one_point_charts(two_stage):
     assert {"planned_s", "measured_s", "eval_loss"} <= set(stages["columns"])
 
 
+@pytest.mark.slow
 def test_runs_and_registered_model_are_described(two_stage):
     client, parents, children = _runs(two_stage)
     note = parents[0].data.tags["mlflow.note.content"]
@@ -199,6 +207,7 @@ def test_runs_and_registered_model_are_described(two_stage):
     assert model.startswith("Novella **tiny**") and "## Evaluation" not in model
 
 
+@pytest.mark.slow
 def test_system_metrics_per_stage_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # a tiny stage lasts seconds
     recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=4)],

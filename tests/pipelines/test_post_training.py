@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from sft_fixtures import write_qa  # noqa: E402
 
 
+@pytest.mark.slow
 def test_pretrain_then_sft_with_merge_back(tmp_path):
     qa = write_qa(tmp_path / "qa.jsonl")
     recipe = base_recipe(tmp_path, stages=[

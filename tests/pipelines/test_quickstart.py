@@ -11,13 +11,14 @@ import re
 import pytest
 
 from catalog_testing import write_tiny_foundation
-from forge_testing import REPO
 from forge import cli
 from forge.recipe import load_recipe
+from forge_testing import REPO
 
 # the real recipe, shrunk: few documents and steps, the tiny model's context, a few questions
 TINY = ["data.kb_docs.generate.documents=40", "data.kb_qa.generate.documents=60", "data.kb_eval.generate.documents=28",
-        "stages[0].max_tokens=2048", "stages[0].seq_len=64", "stages[0].batch_size=4", "stages[1].max_tokens=null", "stages[1].max_steps=2",
+        "stages[0].max_tokens=2048", "stages[0].seq_len=64", "stages[0].batch_size=4", "stages[1].max_tokens=null",
+        "stages[1].max_steps=2",
         "stages[1].seq_len=128", "stages[1].batch_size=4", "stages[1].schedule.warmup_steps=0",
         "eval.fact_recall.max_new_tokens=4", "eval.instruct.max_new_tokens=4", "eval.instruct.limit=3",
         "eval.max_blocks=2", "eval.seq_len=32"]

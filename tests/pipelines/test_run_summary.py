@@ -8,6 +8,7 @@ import json
 import re
 
 import mlflow
+import pytest
 
 from forge import cli
 from forge_testing import base_recipe, pretrain_stage, write_recipe
@@ -15,6 +16,7 @@ from forge_testing import base_recipe, pretrain_stage, write_recipe
 PAIRS = re.compile(r"[\w./]+=[^\s,]+")
 
 
+@pytest.mark.slow
 def test_the_terminal_ends_with_the_summary_and_the_log_file_keeps_the_figures(tmp_path, capsys):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage("cpt", max_steps=2, eval={"max_blocks": 2}),
                                            pretrain_stage("dom", mixture={"domain": 1.0}, max_steps=2,

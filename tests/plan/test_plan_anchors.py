@@ -6,8 +6,17 @@ import statistics
 import pytest
 
 from forge.plan import workloads as W
-from forge.plan.anchors import (BAND_FLOOR, BAND_PROJECTION, BAND_SCALE, BAND_UNANCHORED_CHIP, UNITS, error_band,
-                                load_anchors, published_step_seconds, replay_all)
+from forge.plan.anchors import (
+    BAND_FLOOR,
+    BAND_PROJECTION,
+    BAND_SCALE,
+    BAND_UNANCHORED_CHIP,
+    UNITS,
+    error_band,
+    load_anchors,
+    published_step_seconds,
+    replay_all,
+)
 from forge.plan.model import load_model_config
 from forge.plan.planner import Goal, plan_stage
 from forge.plan.report import band_range, format_table

@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from forge.errors import ForgeError
-from forge.plan import command
-from forge.plan import workloads as W
+from forge.plan import command, workloads as W
 from forge.plan.model import load_model_config
 from forge.plan.planner import plan_stage
 from forge.plan.recipe_plan import plan_recipe

@@ -10,8 +10,14 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from forge.plan.flops import (MegatronArgs, attention_span, forward_flops_per_token,
-                              megatron_num_floating_point_operations, palm_flops_per_token, training_flops_per_token)
+from forge.plan.flops import (
+    MegatronArgs,
+    attention_span,
+    forward_flops_per_token,
+    megatron_num_floating_point_operations,
+    palm_flops_per_token,
+    training_flops_per_token,
+)
 from forge.plan.model import spec_from_config
 from plan_fixtures import ARCHS, LLAMA_31_8B, VOCAB, tiny_model
 

@@ -3,8 +3,7 @@ import pytest
 import yaml
 
 from forge.errors import ForgeError
-from forge.plan.hardware import (PACKAGE_CATALOG, get_system, known_targets, load_catalog, parse_targets,
-                                 system_totals)
+from forge.plan.hardware import PACKAGE_CATALOG, get_system, known_targets, load_catalog, parse_targets, system_totals
 
 CHIP_FIELDS = ("peak_tflops", "hbm_gb", "hbm_tbps", "link_GBps", "link_latency_us", "chip_w",
                "system_w_per_chip", "matmul_efficiency")

@@ -8,8 +8,7 @@ import pytest
 
 from forge import cli
 from forge.errors import ForgeError
-from forge.plan import command
-from forge.plan import workloads as W
+from forge.plan import command, workloads as W
 from forge.plan.hardware import PACKAGE_CATALOG, get_system, load_catalog
 from forge.plan.model import load_model_config
 from forge.plan.planner import Goal, Setup, compare, plan_stage
@@ -132,6 +131,7 @@ def test_catalog_trainium_fixes_and_trn1():
 
 def test_every_target_has_a_known_default_stack_and_each_stack_says_where_it_comes_from():
     import yaml
+
     from forge.plan.stacks import STACKS_FILE
     catalog = load_catalog()
     for key in catalog["systems"]:

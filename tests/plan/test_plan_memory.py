@@ -6,11 +6,24 @@ import pytest
 import torch
 
 from forge.plan.hardware import get_system
-from forge.plan.memory import (activation_bytes, layer_activation_bytes, memory_per_chip, model_state_bytes,
-                               params_per_chip)
+from forge.plan.memory import (
+    activation_bytes,
+    layer_activation_bytes,
+    memory_per_chip,
+    model_state_bytes,
+    params_per_chip,
+)
 from forge.plan.model import count_parameters, load_model_config, spec_from_config
-from forge.plan.parallel import (Layout, Rates, Shard, Work, pipeline_bubble_fraction, ring_allgather_time,
-                                 ring_allreduce_time, step_time)
+from forge.plan.parallel import (
+    Layout,
+    Rates,
+    Shard,
+    Work,
+    pipeline_bubble_fraction,
+    ring_allgather_time,
+    ring_allreduce_time,
+    step_time,
+)
 from plan_fixtures import LLAMA_31_8B, VOCAB, tiny_model
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 from forge.errors import ForgeError
 from forge.recipe import load_recipe, resolved_yaml
 from forge.recipe.errors import parse_path
+from forge_testing import REPO, base_recipe, pretrain_stage, write_recipe
 
 
 def _error(path: Path, overrides=None) -> str:
@@ -47,7 +47,8 @@ BAD = {
     "zero weight": (lambda t: _with_stage(t, mixture={"general": 0.0}), "mixture weights must be > 0"),
     "missing data file": (lambda t: base_recipe(t, data={"general": {"path": str(t / "absent.jsonl")}}),
                           "absent.jsonl' does not exist"),
-    "path and generate": (lambda t: base_recipe(t, data={"general": {"path": "a", "generate": {"kind": "stories", "documents": 3}}}),
+    "path and generate": (lambda t: base_recipe(t, data={"general": {"path": "a",
+                                                                     "generate": {"kind": "stories", "documents": 3}}}),
                           "data.general"),
     "base not a checkpoint": (lambda t: base_recipe(t, base=str(t)), "base:"),
     "seq_len beyond context": (lambda t: _with_stage(t, seq_len=4096),
@@ -78,10 +79,13 @@ BAD = {
     "infinite eps": (lambda t: _with_stage(t, optim={"eps": float("inf")}), "stages[0].optim.eps"),
     "dot-dot stage name": (lambda t: _with_stage(t, name=".."), "stages[0].name"),
     "spike factor below one": (lambda t: _with_stage(t, guard={"spike_factor": 0.5}), "stages[0].guard.spike_factor"),
-    "warmup past the end": (lambda t: _with_stage(t, schedule={"warmup_steps": 10}), "warmup_steps (10) must be below max_steps (4)"),
-    "duplicate stage names": (lambda t: base_recipe(t, stages=[pretrain_stage(), pretrain_stage()]), "stage names must be unique"),
+    "warmup past the end": (lambda t: _with_stage(t, schedule={"warmup_steps": 10}),
+                            "warmup_steps (10) must be below max_steps (4)"),
+    "duplicate stage names": (lambda t: base_recipe(t, stages=[pretrain_stage(), pretrain_stage()]),
+                              "stage names must be unique"),
     "bad betas": (lambda t: _with_stage(t, optim={"betas": [0.9, 1.5]}), "stages[0].optim"),
-    "heads do not divide hidden": (lambda t: base_recipe(t, base={"scratch": {"hidden_size": 30, "heads": 4, "tokenizer_sources": ["general"]}}),
+    "heads do not divide hidden": (lambda t: base_recipe(t, base={"scratch": {"hidden_size": 30, "heads": 4,
+                                                                              "tokenizer_sources": ["general"]}}),
                                    "base.scratch"),
     "percentages not 100": (lambda t: _with_stage(t, mixture={"customer": {"domain": 30}, "curated": {"general": 60}}),
                             "stages[0].mixture: customer and curated percentages must add to 100, they add to 90"),
@@ -93,7 +97,8 @@ BAD = {
     "reserved alias": (lambda t: base_recipe(t, tracking={"alias": "latest"}), "tracking.alias"),
     "bad source name": (lambda t: base_recipe(t, data={"crm(v2)": {"generate": {"kind": "facts", "documents": 3}}}),
                         "String should match pattern"),
-    "infinite weight": (lambda t: _with_stage(t, mixture={"general": float("inf")}), "stages[0].mixture.general: Input should be a finite number"),
+    "infinite weight": (lambda t: _with_stage(t, mixture={"general": float("inf")}),
+                        "stages[0].mixture.general: Input should be a finite number"),
     "source in both nova groups": (lambda t: _with_stage(t, mixture={"customer": {"domain": 50}, "curated": {"domain": 50}}),
                                    "listed under both customer and curated"),
     "training on an eval set": (lambda t: base_recipe(t, hygiene={"decontaminate_against": ["general"]}),
@@ -101,7 +106,8 @@ BAD = {
     "chat data in pretraining": (lambda t: base_recipe(t, data={"general": {"generate": {"kind": "stories", "documents": 3},
                                                                          "chat": {"kind": "messages"}}}),
                                  "stages[0].mixture.general: data.general holds chat records"),
-    "unknown pii type": (lambda t: base_recipe(t, hygiene={"pii_types": ["email", "dna"]}), "hygiene.pii_types: unknown PII type(s) ['dna']"),
+    "unknown pii type": (lambda t: base_recipe(t, hygiene={"pii_types": ["email", "dna"]}),
+                         "hygiene.pii_types: unknown PII type(s) ['dna']"),
     "unknown scratch key": (lambda t: base_recipe(t, base={"scratch": {"tokenizer_sources": ["general"], "colour": 1}}),
                             "base.scratch.colour: unknown key; expected one of ['arch'"),
     "unknown catalog family": (lambda t: base_recipe(t, base="catalog://nova@post"),
@@ -124,7 +130,7 @@ def test_error_gives_yaml_line_and_value(tmp_path):
     assert "seq_len: -5" in text
     path = tmp_path / "q.yaml"
     path.write_text(text)
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if "seq_len: -5" in l)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "seq_len: -5" in ln)
     message = _error(path)
     assert f"line {line}: stages[0].seq_len" in message and "given: -5" in message
     assert "greater than or equal to 8" in message

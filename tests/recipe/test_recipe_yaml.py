@@ -8,9 +8,9 @@ import textwrap
 import pytest
 import yaml
 
-from forge_testing import REPO, base_recipe, write_recipe
 from forge.errors import ForgeError
 from forge.recipe import load_recipe
+from forge_testing import REPO, base_recipe, write_recipe
 
 
 def _laughs(levels: int = 9) -> str:

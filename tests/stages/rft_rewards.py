@@ -1,4 +1,5 @@
-"""Reward functions for the RFT tests (named by file path in the stages under test), and a tracker that keeps their reward rows."""
+"""Reward functions for the RFT tests (named by file path in the stages under test), and a tracker
+that keeps their reward rows."""
 import asyncio
 import math
 import time

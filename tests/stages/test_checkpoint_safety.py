@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from forge_testing import REPO
 from forge.errors import ForgeError
 from forge.train.checkpoint import STATE, TRAINING, load_state, split_state
 from forge.train.state import TrainState
+from forge_testing import REPO
 
 
 class _Payload:

@@ -124,6 +124,7 @@ def test_dpo_on_hh_rlhf_harmless_raises_held_out_margin_and_accuracy(tmp_path):
     assert m["eval_loss"] < m["eval_loss_start"] - 0.002
 
 
+@pytest.mark.slow
 def test_sample_tables_reach_mlflow_with_pairs_generations_and_implicit_rewards(tmp_path, tiny_checkpoint):
     """Every samples.every steps: an MLflow table of prompt, chosen, rejected, the policy's completion
     and the implicit rewards; cached and live references give the same rewards."""

@@ -19,8 +19,10 @@ def test_lora_merged_and_adapter_load_and_agree(tmp_path, tiny_checkpoint):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = {"qa": qa_source(tmp_path)}
-    merged = run_stage(sft(max_steps=4, lora=LORA, schedule={"kind": "constant"}), tiny_checkpoint, src, tmp_path / "m").checkpoint
-    adapter = run_stage(sft(max_steps=4, lora={**LORA, "merge": False}, schedule={"kind": "constant"}), tiny_checkpoint, src, tmp_path / "a").checkpoint
+    constant = {"kind": "constant"}
+    merged = run_stage(sft(max_steps=4, lora=LORA, schedule=constant), tiny_checkpoint, src, tmp_path / "m").checkpoint
+    adapter = run_stage(sft(max_steps=4, lora={**LORA, "merge": False}, schedule=constant), tiny_checkpoint, src,
+                        tmp_path / "a").checkpoint
     assert not (merged / "adapter_config.json").exists() and (merged / "model.safetensors").is_file()
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     assert cfg["base_model_name_or_path"] == str(tiny_checkpoint.resolve()) and cfg["r"] == 4

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forge_testing import pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.recipe import MidtrainStage, PretrainStage, SoupStage
-from forge.train.checkpoint import load_optimizer_state
 from forge.stages.result import StageInputs
+from forge.train.checkpoint import load_optimizer_state
 from forge.train.session import open_session
+from forge_testing import pretrain_stage, run_stage
 
 
 def _midtrain(**kw) -> MidtrainStage:

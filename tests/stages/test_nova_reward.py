@@ -106,7 +106,8 @@ def test_every_breach_of_the_answer_is_named():
     got = read_answer([{"id": "a#0", "aggregate_reward_score": "0.5"}, {"id": "a#0", "aggregate_reward_score": 1},
                        {"aggregate_reward_score": 1}, {"id": "z", "aggregate_reward_score": 1},
                        {"id": "b#0", "aggregate_reward_score": float("inf"),
-                        "metrics_list": [{"name": "m", "value": 1, "type": "Score"}, {"name": "n", "value": None, "type": "Metric"}]}],
+                        "metrics_list": [{"name": "m", "value": 1, "type": "Score"},
+                                         {"name": "n", "value": None, "type": "Metric"}]}],
                       ids)
     assert got.problems == [
         "returned 5 results for 3 samples",
@@ -131,7 +132,7 @@ def test_reward_verify_reports_a_good_lambda_and_every_violation(capsys):
     out = capsys.readouterr().out
     for problem in ("aggregate_reward_score is '0.5', not a number", "id 'story-000#0' is answered twice",
                     "aggregate_reward_score is nan", "type is 'Score'", "no result for sample id(s) 'story-002#0'"):
-        assert f"violation: result" in out and problem in out, problem
+        assert "violation: result" in out and problem in out, problem
     assert out.strip().endswith("5 violation(s)")
     assert main(["reward", "verify", f"{HERE / 'nova_rewards.py'}:hangs", "--data", str(DATA), "--n", "1",
                  "--timeout", "1"]) == 1
@@ -227,6 +228,7 @@ def test_reward_verify_of_a_judge_says_to_pass_protocol_forge(capsys):
     assert "--protocol forge" in line and "validation error" not in err and "pydantic" not in err, err
 
 
+@pytest.mark.slow
 def test_an_rft_stage_whose_nova_metric_name_is_too_long_for_mlflow_keeps_all_its_metrics(tmp_path, tiny_checkpoint):
     """Issue 34: the batch holding a 300-character metric name was refused by MLflow on its writer
     thread, the stage FINISHED with no metric at all. Now every metric is there, that one shortened."""

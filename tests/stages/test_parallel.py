@@ -7,11 +7,11 @@ import typing
 
 import pytest
 
-from forge_testing import base_recipe, pretrain_stage, run_stage, write_recipe
 from forge.errors import ForgeError
 from forge.recipe import Parallelism, PretrainStage, load_recipe
 from forge.train import parallel
 from forge.train.checkpointer import FullCheckpointer
+from forge_testing import base_recipe, pretrain_stage, run_stage, write_recipe
 
 
 def test_the_recipe_accepts_the_strategies_the_trainer_has():

@@ -6,9 +6,9 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from forge_testing import pretrain_stage, run_stage
 from forge.errors import ForgeError
 from forge.recipe import PretrainStage
+from forge_testing import pretrain_stage, run_stage
 
 
 class FakeTracker:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forge_testing import REPO, Recorder, run_stage
 from forge.inputs import prepare_inputs
 from forge.recipe import load_recipe
+from forge_testing import REPO, Recorder, run_stage
 
 OVERRIDES = ["stages[0].max_tokens=null", "stages[0].max_steps=20", "stages[0].schedule.warmup_steps=5"]
 

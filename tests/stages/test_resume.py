@@ -31,6 +31,7 @@ def test_resumed_stage_equals_uninterrupted(tmp_path, monkeypatch, tiny_checkpoi
     assert resumed.metrics["eval_loss"] == straight.metrics["eval_loss"]
 
 
+@pytest.mark.slow
 def test_forge_run_resume_reuses_finished_stages(tmp_path, monkeypatch):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage("one", max_steps=3),
                                            pretrain_stage("two", max_steps=4, checkpoint={"every": 2})],

@@ -184,6 +184,7 @@ def _bounded(call, limit: float):
     return box["value"]
 
 
+@pytest.mark.slow
 def test_http_trickle_fails_at_the_whole_call_deadline(chaos_server):
     r = reward(chaos_server, timeout_s=4.0, retries=3)  # each byte comes well within timeout_s
     started = time.monotonic()
@@ -197,6 +198,7 @@ PY_MODES = ["fine", "hang", "exit", "hard_exit", "raise", "type", "length", "nan
 HTTP_MODES = ["fine", "trickle", "hang", "huge", "status", "garbage", "short", "nan"]
 
 
+@pytest.mark.slow
 def test_fuzz_misbehaving_rewards_end_with_a_reward_error(chaos_server, no_worker_left):
     """Whatever the reward does, each call ends within the deadline (plus a margin) with the scores
     or a RewardError that names the source and the batch; one Python reward serves every example (a

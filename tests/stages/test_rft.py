@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+import rft_rewards
 from forge.errors import ForgeError
 from forge.inputs import resolve_source
-from forge.recipe import DataSource, RftStage
 from forge.lm.rewards import Reward, RewardError
+from forge.recipe import DataSource, RftStage
 from forge_testing import run_stage
-import rft_rewards
 from servers import json_server
 
 HERE = Path(__file__).resolve().parent

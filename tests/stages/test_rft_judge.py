@@ -6,13 +6,12 @@ import json
 import sqlite3
 
 import pytest
-
 from safetensors.torch import load_file
 
+import rft_rewards
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, RftStage
 from forge_testing import run_stage
-import rft_rewards
 
 
 def test_rft_with_a_local_judge_reward_trains(tmp_path, tiny_checkpoint):

@@ -154,8 +154,9 @@ def test_grpo_with_vllm_generation_syncs_the_policy_each_rollout(tmp_path, tiny_
 
 
 def test_vllm_generator_refuses_an_engine_it_cannot_sync(tmp_path, tiny_checkpoint, fake_vllm):
-    from forge.lm.generation import VllmGenerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from forge.lm.generation import VllmGenerator
 
     gen = VllmGenerator(rft(generation="vllm"), tiny_checkpoint, AutoTokenizer.from_pretrained(tiny_checkpoint), 0)
     del gen.llm.llm_engine.model_executor

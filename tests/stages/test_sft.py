@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from forge.inputs import resolve_source
 from forge.errors import ForgeError
+from forge.inputs import resolve_source
 from forge.recipe import DataSource, SftStage, load_recipe
 from forge_testing import base_recipe, run_stage, write_recipe
 from sft_fixtures import THINGS, exact_match, write_qa

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forge_testing import pretrain_stage, run_stage
 from forge.recipe import PretrainStage
 from forge.stages import pretrain
-from forge.train.step import Divergence
 from forge.train.signals import GracefulStop, StopRequested
+from forge.train.step import Divergence
+from forge_testing import pretrain_stage, run_stage
 
 
 def _loss_hook(monkeypatch, at_call: int, action):

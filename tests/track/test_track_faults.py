@@ -14,6 +14,7 @@ from forge.errors import ForgeError
 from forge.track import MlflowTracker
 
 
+@pytest.mark.slow
 def test_store_is_created_whole_and_reused(tmp_path):
     db = tmp_path / "mlflow.db"
     MlflowTracker(f"sqlite:///{db}", "e")
@@ -23,6 +24,7 @@ def test_store_is_created_whole_and_reused(tmp_path):
     MlflowTracker(f"sqlite:///{db}", "e")  # a second process opens it as it is
 
 
+@pytest.mark.slow
 def test_damaged_store_is_a_clear_error_and_an_empty_file_is_replaced(tmp_path):
     db = tmp_path / "mlflow.db"
     db.write_bytes(b"")  # holds nothing: made into a store
@@ -44,6 +46,7 @@ def test_half_built_store_is_a_clear_error(tmp_path):
         MlflowTracker(f"sqlite:///{db}", "e")
 
 
+@pytest.mark.slow
 def test_locked_store_fails_fast(tmp_path):
     db = tmp_path / "mlflow.db"
     MlflowTracker(f"sqlite:///{db}", "e")
@@ -73,6 +76,7 @@ def _failing(monkeypatch, tracker, name: str, times: int):
     monkeypatch.setattr(owner, name, flaky)
 
 
+@pytest.mark.slow
 def test_buffer_mode_keeps_going_and_delivers_later(tmp_path, monkeypatch, capsys):
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e", on_error="buffer")
     _failing(monkeypatch, tracker, "log_metrics", 2)
@@ -107,6 +111,7 @@ def test_fresh_run_marks_runs_left_running_failed(tmp_path):
     assert [client.get_run(r).info.status for r in (parent, child)] == ["FAILED", "FAILED"]
 
 
+@pytest.mark.slow
 def test_store_gone_at_the_end_never_hides_the_error(tmp_path, monkeypatch, capsys):
     """An output made read-only mid-run: the run's own error is what the user sees."""
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "e")
@@ -130,6 +135,7 @@ def test_unreachable_server_fails_fast():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_metric_rows_are_sent_together_and_all_arrive_with_their_steps_and_times(tmp_path, monkeypatch):
     """Rows are held back (one store write per training step slowed CPU steps ~4%) and sent by the
     first row METRICS_EVERY_S after the last send, and when the run ends: none lost, none reordered."""
@@ -161,6 +167,7 @@ def test_metric_rows_are_sent_together_and_all_arrive_with_their_steps_and_times
     assert len(mlflow.MlflowClient().get_metric_history(run_id, "train/lr")) == 3
 
 
+@pytest.mark.slow
 def test_a_metric_batch_the_store_rejects_fails_the_run_in_fail_mode(tmp_path, monkeypatch):
     """Held-back rows go to the store on MLflow's writer thread; a batch it rejects there used to be
     logged by MLflow and dropped, the run FINISHED with no metrics. In on_error: fail it fails the run."""
@@ -182,9 +189,11 @@ def test_a_metric_batch_the_store_rejects_fails_the_run_in_fail_mode(tmp_path, m
     assert mlflow.MlflowClient().get_run(run_id).info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_a_rejected_batch_fails_the_run_at_the_next_send_not_only_at_its_end(tmp_path, monkeypatch):
-    import forge.track.sending as sending
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    import forge.track.sending as sending
 
     real, calls = SqlAlchemyStore.log_batch, {"n": 0}
 

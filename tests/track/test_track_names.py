@@ -7,8 +7,8 @@ import json
 import pytest
 
 from forge.lineage import Lineage
-from forge.track.notes import model_description
 from forge.track import MlflowTracker, metric_name
+from forge.track.notes import model_description
 
 
 @pytest.mark.parametrize("key, name", [
@@ -24,6 +24,7 @@ def test_every_stage_kinds_curves_have_a_section(key, name):
     assert metric_name(key) == name
 
 
+@pytest.mark.slow
 def test_summary_into_a_finished_run_by_id(tmp_path):
     tracker = MlflowTracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
     with tracker.run("parent"):
@@ -66,6 +67,7 @@ def test_names_mlflow_refuses_are_made_valid_in_one_place_stable_and_distinct():
     assert mlflow_key("acc@1") != mlflow_key("acc#1")  # two names that differ only in a refused character
 
 
+@pytest.mark.slow
 def test_a_long_metric_name_reaches_mlflow_shortened_and_the_other_metrics_with_it(tmp_path):
     """A Nova reward's 300-character metric name used to fail the whole batch: no metric of the
     stage reached MLflow. Now it is shortened, the full name kept in the run's names.json."""
@@ -89,6 +91,7 @@ def test_a_long_metric_name_reaches_mlflow_shortened_and_the_other_metrics_with_
                                                                               "reward." + "n" * 259 + "x"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_full_names_an_earlier_process_saved(tmp_path):
     """A resumed stage reopens its run in a new process (a new tracker): names.json gains the new
     process's names and keeps those only the earlier one logged."""

@@ -15,8 +15,17 @@ from forge.track import MlflowTracker, version_details
 from forge.track.notes import base_summary
 from forge.track.registry import SHOWN_TAGS, split_tags
 from forge.track.story import COMPARISON_HTML, comparison_html, log_story
-from forge.track.view import (EXPERIMENT_KIND_TAG, MAX_COLUMNS, MODEL_DEVELOPMENT, VIEW_TAG, experiment_url,
-                              headline_columns, run_url, story_metrics, view_state)
+from forge.track.view import (
+    EXPERIMENT_KIND_TAG,
+    MAX_COLUMNS,
+    MODEL_DEVELOPMENT,
+    VIEW_TAG,
+    experiment_url,
+    headline_columns,
+    run_url,
+    story_metrics,
+    view_state,
+)
 
 EVALUATION = {
     "models": [{"label": "start", "path": "/b", "metrics": {"loss.domain": 5.95, "ppl.domain": 384.19,
@@ -72,6 +81,7 @@ def _tracker(tmp_path, name="exp"):
     return tracker, mlflow.MlflowClient()
 
 
+@pytest.mark.slow
 def test_experiment_is_created_as_model_development(tmp_path):
     _, client = _tracker(tmp_path)
     assert client.get_experiment_by_name("exp").tags[EXPERIMENT_KIND_TAG] == MODEL_DEVELOPMENT
@@ -83,6 +93,7 @@ def test_experiment_is_created_as_model_development(tmp_path):
     assert client.get_experiment_by_name("untagged").tags[EXPERIMENT_KIND_TAG] == MODEL_DEVELOPMENT
 
 
+@pytest.mark.slow
 def test_parent_run_carries_metrics_html_and_leaves_the_view(tmp_path):
     tracker, client = _tracker(tmp_path)
     with tracker.run("lonely"):  # no child runs: not a pipeline, no view

@@ -15,6 +15,7 @@ from forge.train.checkpoint import latest_checkpoint
 from forge_testing import base_recipe, pretrain_stage, write_recipe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["safetensors", "oserror"])
 def test_disk_full_while_writing_checkpoint_weights(failure, tmp_path, monkeypatch, capsys):
     recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=6, checkpoint={"every": 2})],

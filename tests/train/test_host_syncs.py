@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from forge_testing import pretrain_stage, run_stage
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, Guard, Optim, PretrainStage, SftStage
 from forge.train import loop
 from forge.train.losses import Loss, masked_lm_loss_sum
 from forge.train.step import DivergenceGuard, train_step
+from forge_testing import pretrain_stage, run_stage
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__")
 

@@ -31,7 +31,7 @@ def _examples(n: int, seq: int, vocab: int) -> list[dict]:
     """Micro-batch rows with very uneven numbers of target tokens (labels -100 elsewhere)."""
     rng = random.Random(0)
     rows = []
-    for i in range(n):
+    for _ in range(n):
         ids = [rng.randrange(vocab) for _ in range(seq)]
         keep = rng.choice([1, 2, 5, seq - 1])
         labels = [IGNORE] * (seq - keep) + ids[seq - keep:]

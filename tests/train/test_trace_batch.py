@@ -8,12 +8,12 @@ import math
 import pytest
 from transformers import AutoTokenizer
 
-from forge_testing import Recorder, pretrain_stage, run_stage
 from forge.data.sources import name_records
 from forge.inputs import resolve_source
 from forge.recipe import DataSource, PretrainStage, SftStage
 from forge.stages import pretrain, sft
 from forge.train.step import Divergence, DivergenceGuard
+from forge_testing import Recorder, pretrain_stage, run_stage
 
 POISON = "caf\u00e9 \u00a7\u00a7 na\u00efve \u00fcber \u00f8re"  # the only non-ASCII text: tokens no other record has
 

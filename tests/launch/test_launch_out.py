@@ -100,7 +100,7 @@ def test_a_file_is_refused(recipe, tmp_path, capsys):
 
 
 def test_a_failure_while_writing_leaves_the_earlier_job_whole(recipe, tmp_path, monkeypatch, capsys):
-    from forge.plan.launch import out as out_module
+    from forge.launch import out as out_module
 
     out = tmp_path / "job"
     assert launch(recipe, out, "torchrun", "h100:16") == 0

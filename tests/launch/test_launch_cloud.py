@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from forge.cli import main
-from forge.plan.launch import kubernetes, sagemaker
-from forge.plan.launch.layout import plan_launch
+from forge.launch import kubernetes, sagemaker
+from forge.launch.layout import plan_launch
 from forge.recipe import load_recipe
 from forge_testing import base_recipe, write_recipe
 from test_launch import assert_same_layout, torchrun_words
@@ -113,4 +113,4 @@ def test_trn3_has_no_sagemaker_instance_type_yet_and_says_so(recipe, tmp_path, c
 def test_submit_is_for_sagemaker_only(recipe, tmp_path, capsys):
     assert main(["launch", str(recipe), "--engine", "slurm", "--target", "h100", "--out", str(tmp_path / "j"),
                  "--submit"]) == 2
-    assert "--submit starts SageMaker jobs" in capsys.readouterr().err and not (tmp_path / "j").exists()
+    assert "--submit starts sagemaker jobs" in capsys.readouterr().err and not (tmp_path / "j").exists()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import io
 
-from forge.train import progress as progress_mod
-from forge.train.progress import LogProgress
+from forge import progress as progress_mod
+from forge.progress import LogProgress
 
 
 def test_plain_lines_every_n_steps_with_step_loss_rate_and_eta():

@@ -11,37 +11,18 @@ from __future__ import annotations
 import functools
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import yaml
 
 from forge.errors import ForgeError
 from forge.plan.hardware import System, get_system, parse_targets
 from forge.plan.planner import Goal, Setup, StagePlan, compare
 from forge.plan.search import chip_counts
-from forge.plan.stacks import load_stacks
+from forge.plan.stacks import engine_data, launch_stack, load_stacks
 
-ENGINES_FILE = Path(__file__).with_name("engines.yaml")
 STRATEGY_ZERO = {"ddp": 0, "fsdp": 3}
 PORT = 29500
 
 
 @functools.lru_cache(maxsize=1)
-def engine_data() -> dict:
-    return yaml.safe_load(ENGINES_FILE.read_text())
-
-
-def forge_runs(stack: str) -> bool:
-    """Whether forge's own loop runs `stack` (stacks.yaml `forge_runs`)."""
-    return bool(load_stacks().get(stack, {}).get("forge_runs", False))
-
-
-def launch_stack(stack: str) -> str:
-    """The stack `forge launch` runs for a plan on `stack`: itself if forge runs it, else the one its
-    `forge_launches` names."""
-    return stack if forge_runs(stack) else str(load_stacks().get(stack, {}).get("forge_launches", "fsdp"))
-
-
 def schema_strategies() -> tuple[str, ...]:
     """The parallelism strategies the recipe schema accepts (forge.recipe.schema.Parallelism)."""
     from forge.recipe.schema import Parallelism
@@ -100,7 +81,7 @@ def chip_info(system: System) -> dict:
     info = engine_data()["chips"].get(system.chip.key)
     if info is None:
         raise ForgeError(f"forge launch does not know how to start processes on {system.chip.name} "
-                         f"(forge/plan/launch/engines.yaml has no entry for chip {system.chip.key!r})")
+                         f"(forge/plan/engines.yaml has no entry for chip {system.chip.key!r})")
     if info.get("unsupported"):
         raise ForgeError(f"--target {system.key}: {info['unsupported']}")
     return info

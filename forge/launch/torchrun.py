@@ -3,9 +3,10 @@ accelerate config of the same topology (for `accelerate launch --config_file`)."
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
-from forge.plan.launch.layout import PORT, Launch
-from forge.plan.launch.quote import Live, comments, shell_line, yaml_text
+from forge.launch.layout import PORT, Launch
+from forge.launch.quote import Live, comments, shell_line, yaml_text
 
 SCRIPT = "torchrun.sh"
 ACCELERATE = "accelerate.yaml"
@@ -34,7 +35,7 @@ def script(launch: Launch, header: list[str]) -> str:
     lines = ["#!/usr/bin/env bash", *comments(header)]
     if launch.nodes > 1:
         lines += [f"# run on each of the {launch.nodes} nodes, from the directory that holds the recipe path, with",
-                  "#   NODE_RANK=0..N-1 and MASTER_ADDR=<node 0's address> (port %d)" % PORT]
+                  f"#   NODE_RANK=0..N-1 and MASTER_ADDR=<node 0's address> (port {PORT})"]
     else:
         lines += ["# run from the directory that holds the recipe path"]
     lines += ["set -euo pipefail", f"exec {command_line(launch)}", ""]
@@ -70,3 +71,8 @@ def render(launch: Launch, header: list[str]) -> dict[str, str]:
                         if launch.nodes > 1 else []),
              f"accelerate launch --config_file {ACCELERATE} {shlex.join(launch.run_args())}"]
     return {SCRIPT: script(launch, header), ACCELERATE: yaml_text(accelerate_config(launch), notes, ACCELERATE)}
+
+
+def rendered(args: Any, launch: Launch, recipe: Any, header: list[str]) -> tuple[dict[str, str], None]:
+    """The engine table's entry (forge.launch.engines)."""
+    return render(launch, header), None

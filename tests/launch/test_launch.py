@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from forge.cli import main
-from forge.plan.launch.layout import engine_data
-from forge.plan.launch.slurm import parse as parse_sbatch
+from forge.launch.slurm import parse as parse_sbatch
 from forge.plan.recipe_plan import plan_recipe
+from forge.plan.stacks import engine_data
 from forge.recipe import load_recipe
 from forge_testing import base_recipe, write_recipe
 

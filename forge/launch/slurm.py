@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Any
 
-from forge.plan.launch.layout import PORT, Launch
-from forge.plan.launch.quote import Live, comments, shell_line
+from forge.launch.layout import PORT, Launch
+from forge.launch.quote import Live, comments, shell_line
+from forge.plan.stacks import engine_data
 
 SCRIPT = "forge.sbatch"
 
@@ -47,3 +49,8 @@ def parse(text: str) -> dict:
             out["nproc_per_node"] = int(words[words.index("--nproc-per-node") + 1])
             out["args"] = words[words.index("-m"):]
     return out
+
+
+def rendered(args: Any, launch: Launch, recipe: Any, header: list[str]) -> tuple[dict[str, str], None]:
+    """The engine table's entry (forge.launch.engines): GPUs asked per node where the chip has them."""
+    return render(launch, header, bool(engine_data()["chips"][launch.chip]["slurm_gpus"])), None

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from forge.cli import main
-from forge.plan.launch import kubernetes, torchrun
-from forge.plan.launch.layout import plan_launch
+from forge.launch import kubernetes, torchrun
+from forge.launch.layout import plan_launch
 from forge_testing import base_recipe, write_recipe
 from launch_scripts import bash_n, run_script
 

@@ -7,15 +7,19 @@ resourceconfig.json gives."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forge.errors import ForgeError
-from forge.plan.launch.channels import ML, Input, job_inputs
-from forge.plan.launch.layout import PORT, Launch, engine_data
-from forge.plan.launch.quote import Live, comments, shell_line
+from forge.launch.channels import ML, Input, job_inputs
+from forge.launch.layout import PORT, Launch
+from forge.launch.quote import Live, comments, shell_line
+from forge.plan.stacks import engine_data
 
 REQUEST = "create-training-job.json"
 ENTRY = "forge-launch.sh"
@@ -107,7 +111,7 @@ def _input_shape():
 
 def problems(req: dict) -> list[str]:
     """Where `req` breaks botocore's CreateTrainingJob input shape."""
-    from forge.plan.launch.shape import shape_problems
+    from forge.launch.shape import shape_problems
 
     return shape_problems(req, _input_shape(), "")
 
@@ -174,3 +178,45 @@ def check_bucket(s3_client, s3: str) -> None:
         if code in ("403", "AccessDenied", "Forbidden"):
             raise ForgeError(f"--s3 {s3}: access to bucket {bucket!r} denied (nothing was uploaded)") from None
         raise
+
+
+MIN_PART_MB, MAX_PART_MB = 5, 5 * 1024   # S3's smallest multipart part, and its largest single put
+
+
+def rendered(args: Any, launch: Launch, recipe: Any, header: list[str]) -> tuple[dict[str, str], tuple]:
+    """The engine table's entry (forge.launch.engines): the request and entry script, and for
+    `submitted` the request and its inputs."""
+    missing = [f for f in ("s3", "role_arn") if not getattr(args, f, None)]
+    if missing:
+        raise ForgeError(f"--engine sagemaker needs {' and '.join('--' + m.replace('_', '-') for m in missing)}")
+    if not MIN_PART_MB <= args.part_size_mb <= MAX_PART_MB:
+        raise ForgeError(f"--part-size-mb {args.part_size_mb}: S3 takes parts of {MIN_PART_MB} to {MAX_PART_MB} MB")
+    name = args.job_name or f"forge-{launch.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    opts = Options(args.s3, args.role_arn, args.region, name.replace("_", "-").replace(".", "-")[:63],
+                   args.image or "", args.instance_type or "")
+    req, inputs = request(launch, recipe, opts)
+    entry = entry_script(launch, Path(launch.recipe).name, moved_overrides(recipe, inputs))
+    return {REQUEST: json.dumps(req, indent=2) + "\n", ENTRY: entry}, (req, inputs)
+
+
+def submitted(args: Any, launch: Launch, recipe: Any, job: tuple, out: Path) -> str:
+    """Check that the bucket and every S3 source are there, then stream the files and create the job."""
+    import tempfile
+
+    import boto3
+
+    from forge.errors import aws_errors
+    from forge.launch.channels import check_s3_sources
+    from forge.progress import say
+
+    req, inputs = job
+    with aws_errors():
+        session = boto3.session.Session(region_name=args.region)
+        s3, sm = session.client("s3"), session.client("sagemaker")
+        check_bucket(s3, args.s3)
+        check_s3_sources(inputs, recipe, s3)
+        with tempfile.TemporaryDirectory(prefix="forge-launch-") as tmp:
+            code = write_code_archive(Path(tmp) / CODE_TAR)
+            objects = uploads(req, launch.recipe, inputs, out / ENTRY, code)
+            say(f"uploading {len(objects)} file(s) under {args.s3} and creating training job {req['TrainingJobName']}")
+            return submit(req, objects, sm, s3, args.part_size_mb * 1024**2)

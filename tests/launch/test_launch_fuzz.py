@@ -11,13 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from forge.errors import ForgeError
-from forge.plan.launch import kubernetes, sagemaker, slurm, torchrun
-from forge.plan.launch.command import header
-from forge.plan.launch.layout import PORT, Launch
+from forge.launch import kubernetes, sagemaker, slurm, torchrun
+from forge.launch.command import header
+from forge.launch.layout import PORT, Launch
 from launch_scripts import bash_n, run_script
 
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True,

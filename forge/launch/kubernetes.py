@@ -8,10 +8,12 @@ import functools
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from forge.errors import ForgeError
-from forge.plan.launch.layout import Launch
-from forge.plan.launch.quote import yaml_text
+from forge.launch.layout import Launch
+from forge.launch.quote import yaml_text
+from forge.plan.stacks import engine_data
 
 MANIFEST = "pytorchjob.yaml"
 SCHEMA_FILE = Path(__file__).with_name("pytorchjob.schema.json")
@@ -100,3 +102,11 @@ def render(launch: Launch, header: list[str], image: str, workdir: str, claim: s
     if bad:
         raise ForgeError(f"{MANIFEST}: the PyTorchJob does not conform to the CRD schema: {bad[0]}")
     return {MANIFEST: yaml_text(doc, header, MANIFEST)}
+
+
+def rendered(args: Any, launch: Launch, recipe: Any, header: list[str]) -> tuple[dict[str, str], None]:
+    """The engine table's entry (forge.launch.engines): the target's DLC unless --image names one."""
+    info = engine_data()["chips"][launch.chip]
+    default = engine_data()["images"][info["image"]].format(region=args.region)
+    image = args.image if args.image is not None else default   # an empty --image is refused, not defaulted
+    return render(launch, header, image, args.workdir, args.volume_claim, info["k8s_resource"]), None
