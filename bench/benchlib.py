@@ -18,21 +18,11 @@ from typing import Sequence
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (ratios differ between CPU kinds: an AMD EPYC and an Intel Xeon flush
-    denormals, vectorise and thread differently)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine_line() -> str:
     """Where and when the figures were measured; the load average says how much others competed."""
     import torch
+
+    from forge.plan.measure import cpu_model
 
     try:
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])

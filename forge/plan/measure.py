@@ -33,7 +33,8 @@ class Shape:
     precision: str
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what platform says)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -56,7 +57,7 @@ def machine() -> dict:
     nvidia = Path("/proc/driver/nvidia/gpus")
     gpus = sorted(p.name for p in nvidia.glob("*")) if nvidia.is_dir() else []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": platform.node(), "cpu": _cpu_model(), "cores": cores, "torch": torch_version,
+    return {"host": platform.node(), "cpu": cpu_model(), "cores": cores, "torch": torch_version,
             "gpus": f"{len(gpus)} ({os.environ.get('CUDA_VISIBLE_DEVICES', 'all')} visible)" if gpus else "none"}
 
 

@@ -167,8 +167,7 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
     counts = [target_count(b) for b in batches]  # ints for blocks of token ids, else 0-d tensors
     local: Any = sum(counts)
     total = local if world == 1 else acc.reduce(torch.as_tensor(local, device=acc.device), "sum")
-    if isinstance(total, torch.Tensor):
-        total = total.clamp(min=1)
+    share = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)  # 0 targets: a zero loss
     step_loss = torch.zeros((), device=acc.device)
     sums: dict[str, torch.Tensor] = {}
     for i, (batch, n) in enumerate(zip(batches, counts)):
@@ -177,7 +176,7 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
             with acc.autocast():
                 out = loss_fn(model, batch)
             mean = out.value if isinstance(out, Loss) else out
-            loss = mean * (n * world / total if isinstance(total, torch.Tensor) else n * world / max(total, 1))
+            loss = mean * (n * world / share)
             acc.backward(loss)
         step_loss += loss.detach()
         for k, v in (out.stats if isinstance(out, Loss) else {}).items():
@@ -186,11 +185,10 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
         step_loss = acc.reduce(step_loss, "sum") / world
     clip = session.settings.optim.grad_clip
     lr = float(session.scheduler.get_last_lr()[0])  # a python float: the optimizer takes no tensor lr
-    why = _guarded_update(session, guard, step, (step_loss, clip if clip else float("inf")))
+    skipped, grad_norm = _guarded_update(session, guard, step, (step_loss, clip if clip else float("inf")))
     session.scheduler.step()
     session.optimizer.zero_grad(set_to_none=True)
-    targets = torch.as_tensor(total if world > 1 else local)
-    return StepResult(step_loss, why[1], lr, targets, why[0], sums)
+    return StepResult(step_loss, grad_norm, lr, torch.as_tensor(total), skipped, sums)
 
 
 def _guarded_update(session: Session, guard: DivergenceGuard, step: int,
