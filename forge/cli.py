@@ -20,6 +20,7 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 from forge.errors import LOOP, ForgeError
+from forge.pipeline import Pipeline, PipelineContext
 from forge.progress import phase, say
 from forge.quiet import quiet_libraries
 from forge.scrub import scrub
@@ -71,17 +72,19 @@ def _build_foundations(args, recipe) -> bool:
 def user_code(recipe) -> list[tuple[str, str]]:
     """(dotted field, what runs) for every reward source and custom evaluator the recipe would
     execute: a Python file by its resolved path, a module with where it is installed, an endpoint
-    with its credentials scrubbed, a Lambda by name (SECURITY.md: `forge validate` lists them)."""
+    with its credentials scrubbed, a Lambda by name (SECURITY.md: `forge validate` lists them). A
+    reward source is described by its transport's row (forge.recipe.reward_table)."""
+    from forge.recipe.reward_table import describe_source
     from forge.usercode import describe_code
 
-    found = [(f"stages[{i}].rewards[{j}]", r.source) for i, s in enumerate(recipe.stages)
+    found = [(f"stages[{i}].rewards[{j}]", describe_source(r.source)) for i, s in enumerate(recipe.stages)
              for j, r in enumerate(getattr(s, "rewards", None) or [])]
     ev = recipe.eval
     if ev is not None and ev.reward is not None:
-        found += [(f"eval.reward.rewards[{j}]", r.source) for j, r in enumerate(ev.reward.rewards or [])]
+        found += [(f"eval.reward.rewards[{j}]", describe_source(r.source)) for j, r in enumerate(ev.reward.rewards or [])]
     if ev is not None:
-        found += [(f"eval.custom[{j}]", spec) for j, spec in enumerate(ev.custom)]
-    return [(where, scrub(describe_code(spec))) for where, spec in found]  # a URL's password, ?token=...
+        found += [(f"eval.custom[{j}]", describe_code(spec)) for j, spec in enumerate(ev.custom)]
+    return [(where, scrub(what)) for where, what in found]  # a URL's password, ?token=...
 
 
 def _run(args) -> int:
@@ -122,7 +125,7 @@ def _run(args) -> int:
             if not rank0:
                 return 0
             print(f"forge: {recipe.output} holds a finished run (started {folder.record.get('started')}): "
-                  f"nothing to resume, nothing changed; its Novella: {Path(recipe.output) / 'novella'} "
+                  f"nothing to resume, nothing changed; its Novella: {folder.layout.novella} "
                   "(add --overwrite to run it again)", file=sys.stderr)
             return 0
         if rank0:
@@ -211,16 +214,16 @@ def _pipeline(recipe_path: str, name: str):
         raise ForgeError(f"{recipe_path}: pipeline: no pipeline named {name!r} (looked for pipelines/{name}.py)") from None
 
 
-def _run_pipeline(pipeline, recipe, tracker, planned: tuple, args, folder):
+def _run_pipeline(pipeline: Pipeline, recipe, tracker, planned: tuple, args, folder):
     """The pipeline's run with the plans made once (printed by rank 0, whose tracker is enabled)."""
     from forge import runlog
 
     plans, comparison = planned
     if tracker.enabled:  # rank 0: what the pipeline says is printed and kept in OUTPUT/forge.log
         runlog.begin(recipe.output, opening_line(args.recipe, recipe), resume=args.resume)
-    return pipeline.run(recipe, tracker, {p.stage: p for p in plans}, comparison,
-                        log=runlog.echo(recipe.output) if tracker.enabled else (lambda *_: None), resume=args.resume,
-                        folder=folder)
+    return pipeline.run(PipelineContext(recipe, tracker, {p.stage: p for p in plans}, comparison,
+                                        log=runlog.echo(recipe.output) if tracker.enabled else (lambda *_: None),
+                                        resume=args.resume, folder=folder))
 
 
 def resume_command(args) -> str:
@@ -292,7 +295,7 @@ def _report_evaluation(ev) -> list:
 LAZY = {"plan": ("forge.plan.command",
                  "plan each stage's compute (FLOPs, memory, chips, layout, hours, cost, energy)"),
         "export": ("forge.export.command",
-                   "write a Novella in the Bedrock Custom Model Import (or Hugging Face) layout"),
+                   "write a Novella in an export format's layout (Bedrock Custom Model Import by default)"),
         "deploy": ("forge.export.command",
                    "upload an export to S3 and start an Amazon Bedrock Custom Model Import job"),
         "eval": ("forge.eval.command", "evaluate a run's models (or any models) side by side, with gates"),

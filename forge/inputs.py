@@ -8,7 +8,6 @@ from typing import Any
 
 from forge import catalog
 from forge.data.augment import augment_source
-from forge.data.generate import write_generated
 from forge.data.hygiene import Hygiene
 from forge.data.objstore import is_remote, mirror
 from forge.data.parallel import use_engine
@@ -16,9 +15,11 @@ from forge.data.prepare import clean_sources
 from forge.data.rewrite import Clean, write_rewrites
 from forge.data.sources import DATA_SUFFIXES, Source, find_files, is_saved_dataset
 from forge.errors import ForgeError
+from forge.gen.generate import write_generated
 from forge.progress import phase
 from forge.recipe import DataSource, Recipe
 from forge.recipe.data import Rewrite
+from forge.rundir import RunLayout
 from forge.scratch import build_scratch_base, scratch_key
 
 
@@ -84,13 +85,14 @@ class Inputs:
 def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     """Read and clean the recipe's data under `out/data` and make the base (rank 0 writes; call it
     inside `main_process_first()` when several processes run)."""
+    layout = RunLayout(out)
     with phase(f"data: reading {len(recipe.data)} source(s) ({', '.join(recipe.data)}) and fingerprinting them"):
-        raw = {name: resolve_source(name, cfg, out / "data") for name, cfg in recipe.data.items()}
+        raw = {name: resolve_source(name, cfg, layout.data) for name, cfg in recipe.data.items()}
         fingerprints = {name: src.fingerprint() for name, src in raw.items()}
     evals = set(recipe.hygiene.decontaminate_against)
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
     use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
-    sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, out / "data", recipe.prepare)
+    sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, layout.data, recipe.prepare)
     augmented: dict[str, dict[str, Any]] = {}
     for name, cfg in recipe.data.items():
         a = cfg.augment  # after hygiene: dedup never sees the copies
@@ -98,12 +100,12 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
             continue
         fingerprint, extra = sources[name].fingerprint(), None  # read once: it hashes every byte
         if a.rewrite is not None:
-            extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], fingerprint, recipe, raw, out / "data")
+            extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], fingerprint, recipe, raw, layout.data)
         with phase(f"data: writing {a.renderings} rendering(s) of each document of {name}"
                    + (" and the model-written texts" if extra is not None else "")):
-            sources[name] = augment_source(sources[name], a.renderings, a.seed, fingerprint, out / "data", extra)
+            sources[name] = augment_source(sources[name], a.renderings, a.seed, fingerprint, layout.data, extra)
     # what stages read is encoded once, by the workers, into token caches beside the data
-    sources = {n: replace(s, token_dir=out / "data", workers=recipe.prepare.processes) for n, s in sources.items()}
+    sources = {n: replace(s, token_dir=layout.data, workers=recipe.prepare.processes) for n, s in sources.items()}
     found = None
     if catalog.is_ref(recipe.base):
         found = catalog.resolve(recipe.base).record()
@@ -113,7 +115,7 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     else:
         scratch = recipe.base.scratch
         key = scratch_key(scratch, [fingerprints[n] for n in scratch.tokenizer_sources])
-        base = build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], out / f"base-{key}")
+        base = build_scratch_base(scratch, [sources[n] for n in scratch.tokenizer_sources], layout.scratch_base(key))
     return Inputs(raw, fingerprints, sources, hygiene, base, found, augmented)
 
 

@@ -4,6 +4,7 @@ resolved recipe, the data and the base), and `forge run` decides from that recor
 start, continue (`--resume`, an interrupted run) or discard (`--restart` an interrupted run,
 `--overwrite` a finished one) what is there. It discards only what forge wrote: the run's outputs
 in a folder whose run.json forge wrote; any other folder is refused, naming what is there.
+`RunLayout` says where each thing forge writes lives in the folder; every module asks it.
 
     run.json  {"written_by": "forge", "run_id", "status": "running" | "finished", "started",
                "fingerprint": {dotted field: value}}
@@ -19,16 +20,120 @@ import shutil
 import socket
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.runlog import LOG_FILE
 from forge.scrub import scrub, scrub_dict
 
-LOCK = ".forge.lock"
-RUN = "run.json"
+# ------------------------------------------------------------------------------ the folder's names
+# Every fixed name in a run's output folder, spelled once here; RunLayout joins them. forge.train,
+# given a stage's folder and never the run's, joins FINAL and CHECKPOINTS to it itself.
+LOCK = ".forge.lock"                # who holds the folder (forge.rundir)
+RUN = "run.json"                    # which run it holds
+RESOLVED = "recipe.resolved.yaml"   # the recipe as the run read it
+TRACKING = "tracking.json"          # the run's MLflow run ids (forge.track.runs)
+MLFLOW_DB = "mlflow.db"             # the recipe's default tracking store
+STAGES = "stages"                   # stages/NAME: a stage's folder
+FINAL = "final"                     # stages/NAME/final: the stage's output checkpoint
+MERGED = "merged"                   # stages/NAME/merged: that output merged back toward the input (merge:)
+CHECKPOINTS = "checkpoints"         # stages/NAME/checkpoints/step-N: resume points (forge.train.session)
+NOVELLA = "novella"                 # the pipeline's final model
+DATA = "data"                       # generated, cleaned, augmented data and token caches, keyed by content
+EVAL_CACHE = "eval/measured.json"   # suite figures per model (forge.eval.stage_eval)
+LOCAL_RATE = "local-rate.json"      # the planner's measured step rates (forge.plan.local_rate)
+CALIBRATION = "calibration.yaml"    # a planner calibration (forge plan --calibrate)
+FOUNDATION = "foundation"           # the foundation pipeline's published family
 # what belongs to one run and goes when it is discarded (data caches and the built base are keyed
 # by content and stay; tracking.json stays so a fresh run can mark the old run's RUNNING runs FAILED)
-RUN_OUTPUTS = ("stages", "novella", "recipe.resolved.yaml")
+RUN_OUTPUTS = (STAGES, NOVELLA, RESOLVED)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where each thing forge writes lives in a run's output folder `out` (paths only: reads nothing)."""
+
+    out: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+
+    @property
+    def lock(self) -> Path:
+        return self.out / LOCK
+
+    @property
+    def run_record(self) -> Path:
+        return self.out / RUN
+
+    @property
+    def resolved_recipe(self) -> Path:
+        return self.out / RESOLVED
+
+    @property
+    def tracking(self) -> Path:
+        return self.out / TRACKING
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.out / MLFLOW_DB
+
+    @property
+    def log(self) -> Path:
+        return self.out / LOG_FILE
+
+    @property
+    def stages(self) -> Path:
+        return self.out / STAGES
+
+    def stage(self, name: str) -> Path:
+        return self.stages / name
+
+    def stage_final(self, name: str) -> Path:
+        return self.stage(name) / FINAL
+
+    def stage_merged(self, name: str) -> Path:
+        return self.stage(name) / MERGED
+
+    def stage_checkpoints(self, name: str) -> Path:
+        return self.stage(name) / CHECKPOINTS
+
+    @property
+    def novella(self) -> Path:
+        return self.out / NOVELLA
+
+    @property
+    def data(self) -> Path:
+        return self.out / DATA
+
+    def scratch_base(self, key: str) -> Path:
+        """A from-scratch base, named by forge.scratch.scratch_key (kept across runs, like the data)."""
+        return self.out / f"base-{key}"
+
+    @property
+    def eval_cache(self) -> Path:
+        return self.out / EVAL_CACHE
+
+    @property
+    def local_rate(self) -> Path:
+        return self.out / LOCAL_RATE
+
+    @property
+    def calibration(self) -> Path:
+        return self.out / CALIBRATION
+
+    @property
+    def foundation(self) -> Path:
+        return self.out / FOUNDATION
+
+    def export(self, fmt: str) -> Path:
+        """An export the pipeline writes: beside the folder, never in it (forge export refuses a
+        destination inside a run folder)."""
+        return self.out.with_name(f"{self.out.name}-{fmt}")
+
+    def run_outputs(self) -> tuple[Path, ...]:
+        return tuple(self.out / name for name in RUN_OUTPUTS)
 
 
 def recipe_fingerprint(recipe) -> dict:
@@ -95,6 +200,10 @@ class RunFolder:
     def run_id(self) -> str:
         return self.record["run_id"]
 
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.out)
+
     @classmethod
     def open(cls, out, fingerprint: dict, resume: bool = False, restart: bool = False,
              overwrite: bool = False, allow_changed: bool = False, log=print) -> RunFolder:
@@ -131,8 +240,7 @@ class RunFolder:
         if self.finished_before:
             return self
         if self._discard is not None:
-            for name in RUN_OUTPUTS:
-                target = self.out / name
+            for target in self.layout.run_outputs():
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
             log(f"discarding the {self._discard[0]} run in {self.out} (started {self._discard[1]})")
             self._discard = None
@@ -201,23 +309,24 @@ class RunFolder:
         leave no record of it (run.json, the resolved recipe), so that the folder does not look
         like an interrupted run and starts again without --resume or --restart."""
         if self.fresh:
-            for name in (RUN, "recipe.resolved.yaml"):
-                (self.out / name).unlink(missing_ok=True)
+            for path in (self.layout.run_record, self.layout.resolved_recipe):
+                path.unlink(missing_ok=True)
 
     def resumable(self) -> bool:
         """Whether the folder holds anything a --resume continues from: a stage's final output or
         a checkpoint (forge.train.checkpoint's `stages/NAME/checkpoints/step-N`)."""
-        stages = self.out / "stages"
-        return any(stages.glob("*/final")) or any(stages.glob("*/checkpoints/step-*[0-9]"))
+        stages = self.layout.stages
+        return any(stages.glob(f"*/{FINAL}")) or any(stages.glob(f"*/{CHECKPOINTS}/step-*[0-9]"))
 
     def finish(self) -> None:
         self.record["status"] = "finished"
         self._save()
 
     def _save(self) -> None:
-        tmp = self.out / (RUN + ".tmp")
+        path = self.layout.run_record
+        tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(scrub_dict(self.record), indent=2, default=str))
-        os.replace(tmp, self.out / RUN)
+        os.replace(tmp, path)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -238,7 +347,7 @@ def follower(out) -> RunFolder:
     """What the other processes of a launch see of the folder rank 0 opened (no lock of their own)."""
     record = _read_record(Path(out))
     if record is None or "run_id" not in record:
-        raise ForgeError(f"output: {out}/{RUN} is missing; rank 0 should have written it")
+        raise ForgeError(f"output: {RunLayout(out).run_record} is missing; rank 0 should have written it")
     folder = RunFolder(Path(out), record, None)
     folder.finished_before = record.get("status") == "finished"  # rank 0 began no run: --resume of a finished one
     return folder
@@ -252,7 +361,7 @@ def lock_folder(out: Path) -> int:
         raise ForgeError(f"output: {out} is a file, not a folder; choose another output")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(RunLayout(out).lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ForgeError(f"output: cannot write {out}: {e.strerror or e}") from None
     try:
@@ -271,12 +380,12 @@ def check_forge_folder(out: Path) -> dict | None:
     did not write. Reads only."""
     previous = _read_record(out)
     if previous is None:
-        found = sorted(f"{n}/" if (out / n).is_dir() else n for n in RUN_OUTPUTS if (out / n).exists())
+        found = sorted(f"{p.name}/" if p.is_dir() else p.name for p in RunLayout(out).run_outputs() if p.exists())
         if found:
             raise ForgeError(f"output: {out} is not a forge run folder (no {RUN}) but holds {', '.join(found)}; "
                              "forge discards only what it wrote: choose another output, or move them aside")
     elif not _is_forge_record(previous):
-        raise ForgeError(f"output: {out / RUN} was not written by forge; forge discards only what it wrote: "
+        raise ForgeError(f"output: {RunLayout(out).run_record} was not written by forge; forge discards only what it wrote: "
                          "choose another output, or move it aside")
     return previous
 
@@ -292,7 +401,7 @@ def holder(out: Path) -> str | None:
     """Who holds `out`'s lock ('pid N on HOST, since T'), or None when no process does; takes and
     writes nothing."""
     try:
-        fd = os.open(Path(out) / LOCK, os.O_RDONLY)
+        fd = os.open(RunLayout(out).lock, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -311,7 +420,7 @@ def _is_forge_record(record: dict) -> bool:
 
 
 def _read_record(out: Path) -> dict | None:
-    path = out / RUN
+    path = RunLayout(out).run_record
     if not path.is_file():
         return None
     try:

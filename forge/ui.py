@@ -30,6 +30,7 @@ from pathlib import Path
 
 from forge.errors import ForgeError
 from forge.progress import phase
+from forge.rundir import RunLayout
 from forge.track import view
 from forge.track.store import check_store_uri
 
@@ -63,7 +64,7 @@ def resolve_store(args) -> tuple[str, str | None, str | None]:
         recipe = load_recipe(args.recipe, [])
         uri, experiment = recipe.tracking_uri, recipe.experiment
     elif args.output:
-        uri = f"sqlite:///{(Path(args.output) / 'mlflow.db').resolve()}"
+        uri = f"sqlite:///{RunLayout(Path(args.output)).mlflow_db.resolve()}"
     else:
         uri = args.tracking_uri
     check_store_uri(uri)

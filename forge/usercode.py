@@ -52,12 +52,8 @@ def load_function(spec: str, root: Path | None = None, what: str = "function", m
 
 
 def describe_code(spec: str) -> str:
-    """What a reward or evaluator spec runs, for `forge validate`'s listing, loading nothing: an
-    endpoint, a Lambda, a file by its resolved path, or a module with where its package is installed."""
-    if spec.startswith(("http://", "https://")):
-        return f"{spec} (HTTP endpoint: receives prompts and completions)"
-    if spec.startswith("lambda:"):
-        return f"{spec} (AWS Lambda)"
+    """What a Python reward or evaluator spec runs, for `forge validate`'s listing, loading nothing: a
+    file by its resolved path, or a module with where its package is installed."""
     target, _, function = spec.rpartition(":")
     if target.endswith(".py"):
         return f"{Path(target).resolve()}:{function} (Python file)"

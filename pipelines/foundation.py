@@ -22,11 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from forge.data import harvest
-from forge.data.curated import HOLDOUT, SETS
 from forge.errors import ForgeError
+from forge.gen import harvest
+from forge.gen.curated import HOLDOUT, SETS
+from forge.pipeline import PipelineContext
 from forge.recipe import Recipe, resolved_yaml
-from forge.track.protocol import Tracker
+from forge.rundir import RESOLVED, RunLayout
 from forge.train.accel import process_state
 
 FAMILY = "forge-tiny"
@@ -40,34 +41,34 @@ MEASURE_PER_TASK = 40  # held-out instruction prompts per task scored for measur
 SKIP = {"training_state.pt", "forge_state.json", "manifest.json", "lineage.json", "MODEL_CARD.md"}  # not the model's
 
 
-def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
-        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> Any:
+def run(ctx: PipelineContext) -> Any:
     """Run the recipe's stages (the Novella pipeline), then publish the family under
     `output/foundation`; the family's own recipe, unchanged but for its output folder, also
     installs it as the catalog's forge-tiny (FORGE_HOME/foundations/forge-tiny). Returns the
     Novella pipeline's result."""
-    result = _run(recipe, tracker, (plans, comparison), log, resume, folder)
+    recipe, log = ctx.recipe, ctx.log
+    result = _run(ctx)
     home = catalog_home()
     if _is_family_recipe(recipe) and process_state().is_main_process:
         home.parent.mkdir(parents=True, exist_ok=True)
         with _lock(home.parent / f".{home.name}.lock", log):
             staging = home.with_name(f".{home.name}.staging-{os.getpid()}")
             shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(Path(recipe.output) / "foundation", staging)
+            shutil.copytree(RunLayout(Path(recipe.output)).foundation, staging)
             _swap_in(staging, home)
         log(f"foundation: installed as the catalog's {FAMILY}: {home}")
     return result
 
 
-def _run(recipe: Recipe, tracker: Tracker, planned: tuple[dict[str, Any], dict[str, list[Any]]],
-         log: Callable[[str], None], resume: bool, folder: Any) -> Any:
+def _run(ctx: PipelineContext) -> Any:
     from pipelines import novella
 
+    recipe, log = ctx.recipe, ctx.log
     check_recipe(recipe)
     start = time.monotonic()
-    result = novella.run(recipe, tracker, planned[0], planned[1], log=log, resume=resume, folder=folder)
+    result = novella.run(ctx)
     if process_state().is_main_process:
-        out = Path(recipe.output) / "foundation"
+        out = RunLayout(Path(recipe.output)).foundation
         publish(recipe, {s.name: r.checkpoint for s, r in zip(recipe.stages, result.stages)}, out)
         log(f"foundation: {FAMILY} published at {out} ({time.monotonic() - start:.0f} s); what each phase knows:")
         from pipelines.foundation_measure import measure
@@ -101,7 +102,7 @@ def _is_family_recipe(recipe: Recipe) -> bool:
 
 def check_recipe(recipe: Recipe) -> None:
     """The curated sets are named after their kind with the sets' holdout (their held-out records
-    line up across sets only so: forge.data.curated), and every phase's stage is in the recipe."""
+    line up across sets only so: forge.gen.curated), and every phase's stage is in the recipe."""
     for name, cfg in recipe.data.items():
         kind = cfg.generate.kind if cfg.generate is not None else ""
         if not kind.startswith("harvest_"):
@@ -141,8 +142,8 @@ def publish(recipe: Recipe, outputs: dict[str, Path], out: Path) -> Path:
         curated[name] = {"purpose": PURPOSE.get(name, "pretraining"), "path": f"curated/{name}.jsonl",
                          "holdout": cfg.holdout, "format": "jsonl",
                          "text_field": None if cfg.chat is not None else "text", "chat": _chat(cfg.chat)}
-    (staging / "recipe.resolved.yaml").write_text(resolved_yaml(recipe))
-    manifest = {"family": FAMILY, "phases": phases, "curated": curated, "recipe": "recipe.resolved.yaml",
+    (staging / RESOLVED).write_text(resolved_yaml(recipe))  # the run folder's name for it, in the family too
+    manifest = {"family": FAMILY, "phases": phases, "curated": curated, "recipe": RESOLVED,
                 "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "corpus": corpus_record({n: staging / c["path"] for n, c in curated.items()}),
                 "harvest": harvest.fingerprint()}  # the standard library files it read
@@ -179,7 +180,7 @@ def _source_file(recipe: Recipe, name: str) -> Path:
     generated set is found where the run wrote it)."""
     from forge.inputs import resolve_source
 
-    files = resolve_source(name, recipe.data[name], Path(recipe.output) / "data").files
+    files = resolve_source(name, recipe.data[name], RunLayout(Path(recipe.output)).data).files
     if len(files) != 1 or not files[0].name.endswith(".jsonl"):
         raise ForgeError(f"{recipe.name}: data.{name}: the foundation publishes one JSONL file per set, "
                          f"the source has {[f.name for f in files][:4]}")
@@ -227,8 +228,8 @@ def build(home: Path, log: Callable[[str], None] = print, overrides: list[str] |
         tracker = MlflowTracker(recipe.tracking_uri, recipe.experiment, enabled=False)
         from forge.plan.recipe_plan import plan_recipe
 
-        _run(recipe, tracker, ({p.stage: p for p in plan_recipe(recipe)}, {}), log, False, None)
-        _swap_in(_take(work / "foundation", home), home)
+        _run(PipelineContext(recipe, tracker, {p.stage: p for p in plan_recipe(recipe)}, log=log))
+        _swap_in(_take(RunLayout(work).foundation, home), home)
         shutil.rmtree(work, ignore_errors=True)
         log(f"foundation: {FAMILY} built in {time.monotonic() - start:.0f} s: {home}")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from forge import catalog
 from forge.eval.finish import Evaluation, NovellaRun, finish_novella
@@ -22,9 +22,11 @@ from forge.eval.summary import duration, stage_figure
 from forge.inputs import input_fingerprints, prepare_inputs
 from forge.kinds import row
 from forge.lineage import Lineage, base_spec, new_lineage, source_record, write_novella
+from forge.pipeline import PipelineContext
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import Recipe, resolved_yaml
 from forge.recipe.eval import higher_is_better
+from forge.rundir import RESOLVED, RunLayout
 from forge.runlog import append, log_path
 from forge.stages.runner import PipelineState, Planned, RunPlace, run_stage
 from forge.track.notes import base_summary, pipeline_note, stage_row
@@ -52,20 +54,19 @@ class PipelineResult:
     headline: list[tuple[str, str]] | None = None  # (text, metric): the summary's start-vs-Novella lines
 
 
-def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
-        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> PipelineResult:
-    """Run the whole recipe. `plans` / `comparison`: stage name -> plan(s), made once by the caller.
-    `resume`: reuse stages that finished and continue an interrupted one from its last checkpoint.
-    `folder`: the forge.rundir.RunFolder the caller holds (run identity, input fingerprints)."""
+def run(ctx: PipelineContext) -> PipelineResult:
+    """Run the whole recipe with what `forge run` made once (forge.pipeline: plans, resume, the run folder)."""
+    recipe, tracker, plans, folder = ctx.recipe, ctx.tracker, ctx.plans, ctx.folder
     state, out, started = process_state(), Path(recipe.output), time.perf_counter()
+    layout = RunLayout(out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = resolved_yaml(recipe)
     if state.is_main_process:
-        (out / "recipe.resolved.yaml").write_text(resolved)
+        layout.resolved_recipe.write_text(resolved)
     tags = {"forge.pipeline": "novella", "forge.recipe": recipe.name}
-    with parent_run(tracker, out, recipe.name, tags, resume, main=state.is_main_process) as parent:
+    with parent_run(tracker, out, recipe.name, tags, ctx.resume, main=state.is_main_process) as parent:
         if parent.new:
-            tracker.log_text(resolved, "recipe.resolved.yaml")
+            tracker.log_text(resolved, RESOLVED)  # the artifact has the file's name
             tracker.log_params({"recipe": recipe.name, "base": base_summary(base_spec(recipe.base)),
                                 **(catalog.params(recipe.base) if catalog.is_ref(recipe.base) else {}),
                                 "stages": len(recipe.stages), "stage_kinds": ",".join(s.kind for s in recipe.stages)})
@@ -83,13 +84,13 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
                 lineage.data[n].augment = record
             tracker.log_summary("data", {f"{n}.rewrite.{k}": v for k, v in record.items() if k != "file"})
         lineage.hygiene = dict(inputs.hygiene)
-        place = RunPlace(out, folder.run_id if folder is not None else None, resume, recipe.parallelism)
+        place = RunPlace(out, folder.run_id if folder is not None else None, ctx.resume, recipe.parallelism)
         p = PipelineState(tracker, inputs, place,
-                          Planned(plans, comparison, recipe_model_config(recipe)), parent.runs,
-                          state.is_main_process and state.num_processes == 1, log=log)
+                          Planned(plans, ctx.comparison, recipe_model_config(recipe)), parent.runs,
+                          state.is_main_process and state.num_processes == 1, log=ctx.log)
         results, walls = _run_stages(recipe, p, lineage)
         lineage.metrics = results[-1].metrics
-        novella = out / "novella"
+        novella = layout.novella
         if state.is_main_process:
             write_novella(results[-1].checkpoint, novella, lineage)
         state.wait_for_everyone()
@@ -97,7 +98,7 @@ def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dic
         if state.is_main_process:  # evaluate, gate, model card, register: forge.eval.finish
             done = NovellaRun(novella, lineage, results, inputs.sources, inputs.base, plans, parent.runs.stages,
                               parent.run_id)
-            result.evaluation = finish_novella(recipe, done, tracker, log)
+            result.evaluation = finish_novella(recipe, done, tracker, ctx.log)
             result.version = lineage.evaluation.version if lineage.evaluation is not None else None
             result.model_uri = f"models:/{recipe.name}/{result.version}" if result.version else None
         _log_novella(tracker, lineage, plans, result.model_uri)
@@ -120,7 +121,7 @@ def _run_stages(recipe: Recipe, p: PipelineState, lineage: Lineage) -> tuple[lis
     for i, stage in enumerate(recipe.stages):
         p.log(f"stage {i + 1}/{len(recipe.stages)}: {stage.name} ({stage.kind}) from {checkpoint}")
         began = time.perf_counter()
-        reused = p.place.resume and finished_result(p.place.out / "stages" / stage.name / "final") is not None
+        reused = p.place.resume and finished_result(p.place.layout.stage_final(stage.name)) is not None
         result, record = run_stage(i, stage, checkpoint, p)
         if evaluator is not None:  # into the stage's run now, before the next stage's run starts
             record.evaluation = evaluator.after(stage.name, result.checkpoint, p.runs.stages.get(stage.name))

@@ -13,11 +13,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from forge.eval.suite import NOVELLA, START, resolve_suite
+from forge.pipeline import PipelineContext
 from forge.recipe import Recipe
-from forge.track.protocol import Tracker
+from forge.rundir import RunLayout
 from forge.train.accel import process_state
 from pipelines import novella
 
@@ -31,15 +32,14 @@ HEADLINE = (("fact recall, held-out phrasings", "fact_recall.heldout.exact"),
 SECTION = "quickstart"  # the parent run's summary section: quickstart.<start|novella>.<metric>
 
 
-def run(recipe: Recipe, tracker: Tracker, plans: dict[str, Any], comparison: dict[str, list[Any]],
-        log: Callable[[str], None] = print, resume: bool = False, folder: Any = None) -> novella.PipelineResult:
+def run(ctx: PipelineContext) -> novella.PipelineResult:
     """The Novella pipeline, then (rank 0) the Bedrock export and the headline."""
+    recipe, tracker, log = ctx.recipe, ctx.tracker, ctx.log
     started = time.perf_counter()
-    result = novella.run(recipe, tracker, plans, comparison, log=log, resume=resume, folder=folder)
+    result = novella.run(ctx)
     if not process_state().is_main_process or result.evaluation is None:
         return result
-    out = Path(recipe.output)  # the export sits beside the run folder (forge export refuses one inside it)
-    export = export_bedrock(result.novella, out.with_name(f"{out.name}-bedrock"), recipe.tracking_uri, log)
+    export = export_bedrock(result.novella, RunLayout(Path(recipe.output)).export("bedrock"), recipe.tracking_uri, log)
     lines = headline(recipe, result.evaluation.comparison.metrics)
     seconds = time.perf_counter() - started
     result.export, result.seconds, result.headline = export, seconds, [(x.text, x.metric) for x in lines]

@@ -22,15 +22,16 @@ LEAVES = {"forge", "forge.errors", "forge.files", "forge.base_check", "forge.use
           "forge.lineage", "forge.scrub", "forge.progress", "forge.runlog"}  # small helpers: import only each other
 # (forge.scrub, the one scrubber every writer calls, also imports forge.data's secret and PII detectors)
 SCHEMA = {"forge.recipe", "forge.kinds", "forge.catalog"}  # the recipe schema and the kinds table
-MIDDLE = {"forge.train", "forge.data", "forge.lm", "forge.eval", "forge.plan", "forge.launch", "forge.track", "forge.export",
-          "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui", "forge.advice"}
+MIDDLE = {"forge.train", "forge.data", "forge.gen", "forge.lm", "forge.eval", "forge.plan", "forge.launch", "forge.track",
+          "forge.export", "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui", "forge.advice", "forge.pipeline"}
 
 IMPORT_MAP: dict[str, set[str]] = {
-    "forge.cli": MIDDLE | SCHEMA | LEAVES,                # never pipelines: it loads one by name
+    "forge.cli": MIDDLE | SCHEMA | LEAVES,  # never pipelines: it loads one by name
     "pipelines": {"forge.stages"} | MIDDLE | SCHEMA | LEAVES,
     "forge.stages": MIDDLE | SCHEMA | LEAVES,
     # the middle layer: each lists the units of that layer it builds on
     "forge.data": LEAVES,                                  # never the recipe: forge.inputs adapts it
+    "forge.gen": {"forge.data"} | LEAVES,                  # generate: sources (the stable split); never the recipe
     "forge.train": {"forge.data"} | LEAVES,                # never the recipe
     "forge.lm": {"forge.train", "forge.data"} | SCHEMA | LEAVES,  # generation, perplexity, rewards
     "forge.track": LEAVES,                                 # the only unit that imports mlflow
@@ -39,8 +40,9 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.plan": {"forge.track", "forge.advice"} | SCHEMA | LEAVES,
     "forge.launch": {"forge.plan"} | SCHEMA | LEAVES,    # job files for the user's engine, from a plan
     "forge.advice": SCHEMA | LEAVES,                       # starting-point advice: the catalog and the kinds table
+    "forge.pipeline": {"forge.plan", "forge.track"} | SCHEMA | LEAVES,  # `forge run`'s contract with a pipeline (types)
     "forge.export": {"forge.track", "forge.quiet"} | SCHEMA | LEAVES,
-    "forge.inputs": {"forge.data", "forge.scratch", "forge.lm"} | SCHEMA | LEAVES,  # forge.lm: augment.rewrite's generator
+    "forge.inputs": {"forge.data", "forge.gen", "forge.scratch", "forge.lm"} | SCHEMA | LEAVES,  # forge.lm: rewrite's model
     "forge.scratch": {"forge.data"} | SCHEMA | LEAVES,
     "forge.quiet": {"forge.track"} | LEAVES,
     "forge.ui": {"forge.track"} | SCHEMA | LEAVES,
@@ -58,14 +60,14 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.runlog": set(),                                 # the run's log file, OUTPUT/forge.log
     "forge.base_check": set(),
     "forge.usercode": {"forge.errors"},
-    "forge.rundir": {"forge.errors", "forge.scrub"},
+    "forge.rundir": {"forge.errors", "forge.scrub", "forge.runlog"},  # runlog: the log file's name
     "forge.lineage": {"forge", "forge.errors", "forge.files", "forge.scrub"},
     "forge.scrub": {"forge.data"},                         # every writer's one scrubber: the detectors
 }
-NO_RECIPE = ("forge.data", "forge.train")  # not even the recipe's settings modules
+NO_RECIPE = ("forge.data", "forge.gen", "forge.train")  # not even the recipe's settings modules
 
 # `mypy --strict` runs on these folders (add forge/train, forge/stages, ... as they are typed)
-TYPED = ["forge/track", "forge/train", "forge/stages", "forge/lm"]
+TYPED = ["forge/track", "forge/train", "forge/stages", "forge/lm", "forge/pipeline.py"]
 
 
 def _modules() -> dict[str, Path]:
@@ -233,6 +235,13 @@ def test_the_trackers_satisfy_the_tracker_protocol():
     other modules are taken as Any (`skip`), so this stays a check of the protocol, in a second."""
     got = _mypy("--cache-dir=/dev/null", "--follow-imports=skip", "tests/typecheck/trackers.py", "tests/forge_testing.py",
                 "forge/track")
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_the_recipe_settings_satisfy_the_training_protocols():
+    """tests/typecheck/recipe_settings.py assigns the recipe's settings classes to forge.train.settings'
+    Protocols (forge.train never imports the recipe); the recipe's types are read, not skipped."""
+    got = _mypy("--strict", "tests/typecheck/recipe_settings.py")
     assert got.returncode == 0, got.stdout + got.stderr
 
 

@@ -189,3 +189,102 @@ def test_a_data_error_before_training_leaves_the_folder_startable(tmp_path, caps
     assert "notes" in capsys.readouterr().err
     bad.write_text("".join(json.dumps({"text": f"note {i}: the valve opens at dawn."}) + "\n" for i in range(50)))
     assert cli.main(["run", str(path)]) == 0  # nothing had started: no --resume, no --restart needed
+
+
+# ---------------------------------------------------------------- issue 36, item 5: RunLayout
+def test_run_layout_spells_every_place_in_the_folder(tmp_path):
+    from forge.rundir import RunLayout
+
+    out = tmp_path / "out"
+    layout = RunLayout(str(out))  # a str is taken as a path
+    assert layout.out == out
+    assert layout.lock == out / ".forge.lock" and layout.run_record == out / "run.json"
+    assert layout.resolved_recipe == out / "recipe.resolved.yaml" and layout.tracking == out / "tracking.json"
+    assert layout.mlflow_db == out / "mlflow.db" and layout.log == out / "forge.log"
+    assert layout.stage("cpt") == out / "stages" / "cpt"
+    assert layout.stage_final("cpt") == out / "stages" / "cpt" / "final"
+    assert layout.stage_merged("cpt") == out / "stages" / "cpt" / "merged"
+    assert layout.stage_checkpoints("cpt") == out / "stages" / "cpt" / "checkpoints"
+    assert layout.novella == out / "novella" and layout.data == out / "data"
+    assert layout.scratch_base("abc123") == out / "base-abc123"
+    assert layout.eval_cache == out / "eval" / "measured.json"
+    assert layout.local_rate == out / "local-rate.json" and layout.calibration == out / "calibration.yaml"
+    assert layout.foundation == out / "foundation"
+    assert layout.export("bedrock") == tmp_path / "out-bedrock"  # beside the folder, never in it
+    assert layout.run_outputs() == (out / "stages", out / "novella", out / "recipe.resolved.yaml")
+    with pytest.raises(AttributeError):
+        layout.out = tmp_path  # frozen: one folder, one layout
+    assert RunLayout(out) == layout and len({RunLayout(out), layout}) == 1
+
+
+def test_a_discarded_run_takes_only_its_outputs(tmp_path):
+    from forge.rundir import RunLayout
+
+    layout = RunLayout(tmp_path / "out")
+    with _open(layout.out) as folder:
+        assert folder.layout == layout and layout.run_record.is_file() and layout.lock.is_file()
+        for path in (layout.stage_final("cpt"), layout.novella, layout.data, layout.scratch_base("k")):
+            path.mkdir(parents=True)
+        for path in (layout.resolved_recipe, layout.tracking):
+            path.write_text("{}")
+        folder.finish()
+    with _open(layout.out, overwrite=True):
+        assert not any(p.exists() for p in layout.run_outputs())
+        assert layout.data.is_dir() and layout.scratch_base("k").is_dir() and layout.tracking.is_file()
+
+
+def test_resumable_reads_the_stage_folders_of_the_layout(tmp_path):
+    from forge.rundir import RunLayout
+
+    layout = RunLayout(tmp_path / "out")
+    with _open(layout.out) as folder:
+        assert not folder.resumable()
+        (layout.stage_checkpoints("cpt") / "step-0000002").mkdir(parents=True)
+        assert folder.resumable()
+    with _open(tmp_path / "other") as folder:
+        folder.layout.stage_final("sft").mkdir(parents=True)
+        assert folder.resumable()
+
+
+def test_only_the_layout_spells_the_run_folder_names():
+    """No module but forge.rundir (and forge.runlog, for its log) names a file of the run folder or
+    joins a folder name of it onto a path: each asks RunLayout (forge.train and a stage's kind,
+    given a stage's folder, join forge.rundir's FINAL and CHECKPOINTS). forge/serve keeps a
+    workdir of its own, not a run folder."""
+    import ast
+
+    from forge_testing import REPO
+
+    names = {".forge.lock", "run.json", "recipe.resolved.yaml", "tracking.json", "mlflow.db", "local-rate.json",
+             "calibration.yaml", "forge.log", "eval/measured.json"}
+    joined = {"final", "stages", "novella", "merged", "checkpoints", "data", "foundation", "eval"}
+    owners = {REPO / "forge" / "rundir.py", REPO / "forge" / "runlog.py"}
+    bad = []
+    for path in sorted([*(REPO / "forge").rglob("*.py"), *(REPO / "pipelines").rglob("*.py")]):
+        if path in owners or (REPO / "forge" / "serve") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and \
+                    isinstance(node.right, ast.Constant) and node.right.value in joined:
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: / {node.right.value!r}")
+    assert not bad, "ask forge.rundir.RunLayout instead:\n" + "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_a_run_writes_where_its_layout_says(tmp_path):
+    from forge.rundir import RunLayout
+
+    recipe = base_recipe(tmp_path, stages=[pretrain_stage(max_steps=2)], tracking={"register_model": False})
+    assert cli.main(["run", str(write_recipe(tmp_path / "r.yaml", recipe))]) == 0
+    layout = RunLayout(tmp_path / "out")
+    for path in (layout.lock, layout.run_record, layout.resolved_recipe, layout.tracking, layout.mlflow_db,
+                 layout.log, layout.stage_final("cpt") / "config.json", layout.novella / "config.json", layout.data):
+        assert path.exists(), path
+    bases = [p.name for p in layout.out.glob("base-*")]
+    assert len(bases) == 1 and layout.scratch_base(bases[0].removeprefix("base-")).is_dir()
+    known = {p.name for p in (layout.lock, layout.run_record, layout.resolved_recipe, layout.tracking, layout.mlflow_db,
+                              layout.log, layout.stages, layout.novella, layout.data, layout.local_rate,
+                              layout.eval_cache.parent)} | set(bases)
+    assert {p.name for p in layout.out.iterdir()} - known <= {"mlartifacts"}  # MLflow's, beside its store

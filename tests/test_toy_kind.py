@@ -16,26 +16,46 @@ from forge.data.mixing import build_mixture
 from forge.kinds import KINDS, Kind
 from forge.lm.perplexity import loss_metrics, source_blocks, source_losses
 from forge.recipe import SETTINGS, TrainSettings, load_recipe
-from forge.train.loop import Outcome, Task, fit
+from forge.train.loop import fit
 from forge.train.losses import causal_lm_loss
 from forge.train.session import open_session
+from forge.train.task import Outcome, Task
 from forge_testing import base_recipe, write_recipe
 
 
+class ToyTask(Task):
+    """The toy kind's part of the loop: causal-LM loss on packed blocks of its plain-text sources in
+    equal shares, held-out loss per source."""
+
+    def __init__(self, stage, s, inputs):
+        self.stage, self.s = stage, s
+        self.mix = build_mixture(inputs.sources, stage.sources, s.tokenizer, stage.seq_len, "eos")
+        super().__init__(self.mix)
+        self.held_out = source_blocks(inputs.sources, stage.sources, s.tokenizer, stage.seq_len, "eos",
+                                      stage.eval.max_blocks)
+        self.evaluates = bool(self.held_out)
+
+    def batches(self):
+        return [self.mix.next_batch(self.stage.batch_size, self.s.rank, self.s.world)
+                for _ in range(self.stage.grad_accum)]
+
+    def loss(self, model, batch):
+        return causal_lm_loss(model, batch)
+
+    def tokens(self, batches):
+        return sum(b.numel() for b in batches)
+
+    def evaluate(self, step):
+        return loss_metrics(source_losses(self.s.model, self.held_out, self.stage.batch_size, self.s.device))
+
+    def finish(self, state):
+        return Outcome({"toy_steps": float(state.step)}, dict(self.mix.taken))
+
+
 def run(stage, inputs):
-    """The toy stage: causal-LM loss on packed blocks of its plain-text sources in equal shares."""
+    """The toy stage (a Task subclass on the shared loop)."""
     s = open_session(stage, inputs)
-    mix = build_mixture(inputs.sources, stage.sources, s.tokenizer, stage.seq_len, "eos")
-    held_out = source_blocks(inputs.sources, stage.sources, s.tokenizer, stage.seq_len, "eos", stage.eval.max_blocks)
-
-    def evaluate(step: int) -> dict[str, float]:
-        return loss_metrics(source_losses(s.model, held_out, stage.batch_size, s.device))
-
-    task = Task(batches=lambda: [mix.next_batch(stage.batch_size, s.rank, s.world) for _ in range(stage.grad_accum)],
-                loss=causal_lm_loss, data=mix, tokens=lambda batches: sum(b.numel() for b in batches),
-                finish=lambda state: Outcome({"toy_steps": float(state.step)}, dict(mix.taken)),
-                evaluate=evaluate if held_out else None)
-    return fit(s, task, inputs.tracker)
+    return fit(s, ToyTask(stage, s, inputs), inputs.tracker)
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from forge.data.curated import aligned
-from forge.data.mixing import in_holdout
+from forge.data.mixing import aligned, in_holdout
 from forge.data.sources import Source
 from forge.errors import ForgeError
 

@@ -52,6 +52,29 @@ def in_holdout(source: str, record: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < fraction
 
 
+def aligned(flagged: list[tuple[dict, bool]], source: str, holdout: float) -> list[dict]:
+    """(record, held out) pairs ordered so that record number n (from 1) is a held-out one exactly when
+    in_holdout(source, n, holdout): the training records fill the other numbers in their order, the
+    held-out ones the held-out numbers (starting over if they run out: the split's share is the
+    hash's, the units' share only near it); it ends with the last training record."""
+    train = [r for r, held in flagged if not held]
+    held = [r for r, h in flagged if h]
+    out: list[dict] = []
+    i = j = 0
+    n = 0
+    while i < len(train):
+        n += 1
+        if in_holdout(source, n, holdout) and held:
+            out.append(held[j % len(held)])
+            j += 1
+        elif in_holdout(source, n, holdout):
+            break  # nothing held out to put here (a tiny set): end before a training record could
+        else:
+            out.append(train[i])
+            i += 1
+    return out
+
+
 class Split:
     """The documents of a source a stream reads: its held-out ones (eval) or the others (train)."""
 

@@ -35,6 +35,10 @@ class SuiteFile(Strict):
 
 
 def add_arguments(p) -> None:
+    from forge.eval.table import EVALUATORS
+
+    p.epilog = "evaluators (the blocks of a suite's eval:, run in this order):\n" + "\n".join(
+        f"  {e.block}: {e.summary}" for e in EVALUATORS.values())
     p.add_argument("recipe", nargs="?", help="a recipe whose run to evaluate (its output folder)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides for the recipe")
     p.add_argument("--models", help="comma-separated model folders (label=path to name one); the first is the baseline")
@@ -92,17 +96,18 @@ def _run_outputs(recipe) -> dict[str, Path]:
     """Each finished stage's output and the Novella in the recipe's output folder (reading only:
     a folder that holds none is refused before anything is written into it)."""
     from forge.eval.finish import NOVELLA
+    from forge.rundir import RunLayout
 
-    out = Path(recipe.output)
+    layout = RunLayout(Path(recipe.output))
     models: dict[str, Path] = {}
-    novella = (out / "novella" / "config.json").is_file()
+    novella = (layout.novella / "config.json").is_file()
     for stage in recipe.stages[:-1] if novella else recipe.stages:  # the last one's output is the Novella
-        if (out / "stages" / stage.name / "final" / "config.json").is_file():
-            models[stage.name] = out / "stages" / stage.name / "final"
+        if (layout.stage_final(stage.name) / "config.json").is_file():
+            models[stage.name] = layout.stage_final(stage.name)
     if novella:
-        models[NOVELLA] = out / "novella"
+        models[NOVELLA] = layout.novella
     if not models:
-        raise ForgeError(f"{out}: no stage output or Novella to evaluate yet; run `forge run` first")
+        raise ForgeError(f"{layout.out}: no stage output or Novella to evaluate yet; run `forge run` first")
     return models
 
 

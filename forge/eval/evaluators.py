@@ -2,7 +2,8 @@
 
 perplexity per source, retention and domain gain against the starting checkpoint, preference
 accuracy, and custom evaluators loaded from `file.py:function`; fact recall and instruction
-following by greedy generation live in forge.eval.recall. forge.eval.suite runs them for a recipe.
+following by greedy generation live in forge.eval.recall. forge.eval.builtin makes them the rows
+of forge.eval.table, which forge.eval.suite runs for a recipe.
 """
 from __future__ import annotations
 

@@ -11,15 +11,14 @@ from typing import Any, Callable
 
 from forge.eval.cache import EvalCache, suite_key
 from forge.eval.suite import START, resolve_suite, run_suite
+from forge.rundir import RunLayout
 from forge.runlog import append
 from forge.track.protocol import Tracker
-
-CACHE_FILE = Path("eval") / "measured.json"
 
 
 def open_cache(suite, sources: dict, out: Path) -> EvalCache:
     """The run folder's cache for this suite on these (cleaned) sources."""
-    return EvalCache(Path(out) / CACHE_FILE, suite_key(suite, {n: sources[n].fingerprint() for n in suite.sources()}))
+    return EvalCache(RunLayout(Path(out)).eval_cache, suite_key(suite, {n: sources[n].fingerprint() for n in suite.sources()}))
 
 
 def log_once(tracker: Tracker, cache: EvalCache, run_id: str | None, folder: Path, metrics: dict[str, float]) -> None:

@@ -11,6 +11,7 @@ import re
 
 from forge.errors import ForgeError
 from forge.export.compat import rules
+from forge.export.formats import Planned
 from forge.lineage import Lineage
 
 # A chat template for a model that has none, so Bedrock's Converse API can still format turns.
@@ -22,30 +23,29 @@ DEFAULT_CHAT_TEMPLATE = (
 TAG_CHARS = re.compile(r"[^a-zA-Z0-9\s._:/=+@-]")  # Bedrock's tag key/value pattern, negated
 
 
-def problems(config: dict, tokenizer_class: str | None, weight_bytes: int, bedrock: bool) -> list[str]:
-    """Everything that stops this checkpoint from importing, each saying what is supported
-    (architecture, weight size and context are Bedrock's rules; the tokenizer class the runtime's)."""
+def problems(planned: Planned) -> list[str]:
+    """Everything that stops this export from importing, each saying what is supported: architecture,
+    weight size and context are Bedrock's rules, the tokenizer class the runtime's, the names the API's."""
     r = rules()
-    out = []
+    config, out = planned.config, []
     archs = config.get("architectures") or []
     supported = r["architectures"]
-    if bedrock and (not archs or archs[0] not in supported):
+    if not archs or archs[0] not in supported:
         listed = "; ".join(f"{a} ({family})" for a, family in supported.items())
         out.append(f"architecture {archs[0] if archs else 'unknown'!s} is not supported by Bedrock Custom Model "
                    f"Import; supported: {listed}")
-    if bedrock and weight_bytes >= r["max_weight_bytes"]:
-        out.append(f"weights are {weight_bytes / 1e9:.1f} GB; Bedrock imports under "
+    if planned.weight_bytes >= r["max_weight_bytes"]:
+        out.append(f"weights are {planned.weight_bytes / 1e9:.1f} GB; Bedrock imports under "
                    f"{r['max_weight_bytes'] / 1e9:.0f} GB")
     context = config.get("max_position_embeddings") or config.get("n_positions")
-    if bedrock and context is not None and context > r["max_context"]:
+    if context is not None and context > r["max_context"]:
         out.append(f"max_position_embeddings is {context}; Bedrock supports contexts up to {r['max_context']} "
                    f"({r['max_context'] // 1024}K)")
-    if tokenizer_class is None:
-        out.append("no tokenizer_config.json with a tokenizer_class (Bedrock needs the tokenizer files)")
-    elif bedrock and tokenizer_class not in r["tokenizer_classes"]:
+    tokenizer_class = planned.tokenizer.get("tokenizer_class")
+    if tokenizer_class is not None and tokenizer_class not in r["tokenizer_classes"]:
         out.append(f"tokenizer class {tokenizer_class} is not one the runtime (transformers "
                    f"{r['runtime_transformers']}) loads for these models; supported: {', '.join(r['tokenizer_classes'])}")
-    return out
+    return out + name_problems(importedModelName=planned.name, jobName=planned.job)
 
 
 def name_problems(**names: str) -> list[str]:
@@ -58,12 +58,6 @@ def name_problems(**names: str) -> list[str]:
                        + (" (letters, digits and single '-' or '_' between them)" if field == "importedModelName"
                           else " (starts with a letter or digit; then letters, digits, '-', '+', '.')"))
     return out
-
-
-def check(config: dict, tokenizer_class: str | None, weight_bytes: int, bedrock: bool, **names: str) -> None:
-    found = problems(config, tokenizer_class, weight_bytes, bedrock) + (name_problems(**names) if bedrock else [])
-    if found:
-        raise ForgeError("cannot export: " + "; ".join(found))
 
 
 def model_name(raw: str) -> str:
@@ -91,6 +85,12 @@ def lineage_tags(lineage: Lineage | None, extra: dict[str, str] | None = None) -
     tags.update(extra or {})
     return [{"key": TAG_CHARS.sub("_", k)[:128], "value": TAG_CHARS.sub("_", v)[:256]}
             for k, v in list(tags.items())[:50]]
+
+
+def import_request(names: dict[str, str], role_arn: str, s3_uri: str, lineage: Lineage | None,
+                   extra_tags: dict[str, str]) -> dict:
+    """The bedrock format's import-job request (forge.export.formats): its tags carry the lineage."""
+    return job_request(names["jobName"], names["importedModelName"], role_arn, s3_uri, lineage_tags(lineage, extra_tags))
 
 
 def job_request(job: str, model: str, role_arn: str, s3_uri: str, tags: list[dict]) -> dict:

@@ -1,17 +1,17 @@
-"""MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to import it;
-scrubbed by forge.scrub."""
+"""MODEL_CARD.md for an export: what the model is, where it came from (lineage), how to load and
+deploy it (what its format says: forge.export.formats); scrubbed by forge.scrub."""
 from __future__ import annotations
 
+from forge.export.formats import Format
 from forge.lineage import Lineage
 from forge.scrub import scrub
 
 
-def model_card(name: str, lineage: Lineage | None, config: dict, info: dict) -> str:
+def model_card(name: str, lineage: Lineage | None, config: dict, info: dict, fmt: Format) -> str:
     lines = [f"# {name}", "",
              f"A {info['architecture']} model ({info['parameters']:,} parameters, {info['dtype']} weights, "
              f"context {config.get('max_position_embeddings', config.get('n_positions', '?'))}) exported by forge "
-             f"in the {'Amazon Bedrock Custom Model Import' if info['format'] == 'bedrock' else 'Hugging Face'} "
-             "layout. `forge-manifest.json` holds the sha256 of every file and the full lineage.", ""]
+             f"in the {fmt.card} layout. `forge-manifest.json` holds the sha256 of every file and the full lineage.", ""]
     if lineage:
         base = lineage.base.spec
         lines += ["## Lineage", "", f"- recipe: `{lineage.name}` (created {lineage.created}, "
@@ -36,8 +36,7 @@ def model_card(name: str, lineage: Lineage | None, config: dict, info: dict) -> 
                 "none": "none"}[info["chat_template"]]
     lines += ["## Use", "", f"- chat template: {template}",
               "- load: `AutoModelForCausalLM.from_pretrained(folder)` (transformers 4.51.3 or later)",
-              "- Bedrock: `forge deploy FOLDER --s3-uri s3://bucket/prefix/ --role-arn ARN` uploads it and "
-              "starts a Custom Model Import job", "",
+              *fmt.use, "",
               "Intended use and limitations follow from the data above: the model knows what it was trained "
               "on and nothing newer; evaluate it on your own tasks before use.", ""]
     return scrub("\n".join(lines))

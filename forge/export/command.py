@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from forge.errors import ForgeError
+from forge.export.formats import FORMATS, deploying
 from forge.progress import phase
 from forge.quiet import quiet_libraries
 
@@ -24,19 +25,20 @@ def parse_size(text: str) -> int:
 
 
 def add_subcommands(sub) -> None:
-    text = "write a Novella in the Bedrock Custom Model Import (or Hugging Face) layout"
+    text = "write a Novella in an export format's layout (Bedrock Custom Model Import by default)"
     p = sub.add_parser("export", help=text, description=text)
     p.add_argument("source", help="a Novella folder, models:/NAME@ALIAS (or models:/NAME/VERSION), or an MLflow run id")
     p.add_argument("--out", required=True, help="a new folder to write (or, with --overwrite, an earlier export)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the folder at --out if an earlier forge export wrote it (never anything else)")
-    p.add_argument("--format", choices=["bedrock", "hf"], default="bedrock",
-                   help="bedrock: with Bedrock's checks; hf: the same layout without them")
+    p.add_argument("--format", choices=list(FORMATS), default="bedrock",
+                   help="; ".join(f"{f.name}: {f.summary}" for f in FORMATS.values()) + " (default: bedrock)")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     p.add_argument("--model-name", help="importedModelName (default: the recipe's name)")
     p.add_argument("--job-name", help="jobName (default: model name and time)")
-    p.add_argument("--role-arn", help="with --s3-uri: write bedrock-import-job.json now")
+    p.add_argument("--role-arn", help="with --s3-uri: write bedrock-import-job.json now (--format "
+                   f"{' or '.join(deploying())})")
     p.add_argument("--s3-uri", help="where the export will be uploaded (s3://bucket/prefix)")
     p.add_argument("--chat-template", type=Path, help="a Jinja chat template file to ship instead of the model's")
     p.add_argument("--tracking-uri", help="MLflow store holding the source (default: MLFLOW_TRACKING_URI, or "
@@ -47,7 +49,7 @@ def add_subcommands(sub) -> None:
 
     text = "upload an export to S3 and start an Amazon Bedrock Custom Model Import job"
     p = sub.add_parser("deploy", help=text, description=text + ". AWS credentials come from the standard chain.")
-    p.add_argument("folder", type=Path, help="a folder written by forge export --format bedrock")
+    p.add_argument("folder", type=Path, help=f"a folder written by forge export --format {' or '.join(deploying())}")
     p.add_argument("--s3-uri", required=True, help="s3://bucket/prefix to upload to")
     p.add_argument("--role-arn", required=True, help="IAM role Bedrock assumes to read the bucket")
     p.add_argument("--region", help="AWS region (default: the standard chain's)")

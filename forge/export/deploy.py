@@ -15,6 +15,7 @@ from pathlib import Path
 
 from forge.errors import ForgeError, aws_errors
 from forge.export import bedrock
+from forge.export.formats import FORMATS, Format, deploying
 from forge.export.layout import JOB_REQUEST, MANIFEST, redact_uri, sha256, write_job_request
 
 MIN_PART = 5 * 1024**2  # S3's smallest multipart part
@@ -30,14 +31,17 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return m.group(1), f"{prefix}/" if prefix else ""
 
 
-def read_manifest(folder: Path) -> dict:
+def read_manifest(folder: Path) -> tuple[dict, Format]:
+    """An export's manifest and its format's row; a ForgeError where the format is not one deploy takes."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise ForgeError(f"{folder}: no {MANIFEST} (not a forge export; run forge export first)")
     manifest = json.loads(path.read_text())
-    if manifest.get("format") != "bedrock":
-        raise ForgeError(f"{folder}: exported with --format {manifest.get('format')}; deploy needs --format bedrock")
-    return manifest
+    fmt = FORMATS.get(manifest.get("format", ""))
+    if fmt is None or not fmt.deploys:
+        raise ForgeError(f"{folder}: exported with --format {manifest.get('format')}; deploy needs --format "
+                         f"{' or '.join(deploying())}")
+    return manifest, fmt
 
 
 def upload(folder: Path, s3, bucket: str, prefix: str, manifest: dict, part_size: int = 64 * 1024**2,
@@ -109,11 +113,11 @@ def deploy(folder: Path, s3_uri: str, role_arn: str, opts: DeployOptions | None 
     opts = opts or DeployOptions()
     region, dry_run, job_name, wait = opts.region, opts.dry_run, opts.job_name, opts.wait
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest, fmt = read_manifest(folder)
     bucket, prefix = parse_s3_uri(s3_uri)
     uri = f"s3://{bucket}/{prefix}"
     job = job_name or bedrock.job_name(manifest["names"]["importedModelName"])
-    request = write_job_request(folder, role_arn, uri, job)  # validated against botocore's model
+    request = write_job_request(folder, fmt, role_arn, uri, job)  # validated against botocore's model
     report = {"s3_uri": uri, "request": str(folder / JOB_REQUEST), "job_name": job}
     if dry_run:
         report["would_upload"] = sorted([*manifest["files"], MANIFEST])

@@ -1,10 +1,11 @@
-"""`forge export`: write a checkpoint in the Hugging Face layout Bedrock Custom Model Import accepts.
+"""`forge export`: write a checkpoint in the Hugging Face layout, with what its format adds
+(forge.export.formats: checks, files, a chat template, the import-job request).
 
 config.json for transformers 4.51.3, safetensors shards in bf16/fp16 with an index, the tokenizer
-files with the chat template inline, generation_config.json, MODEL_CARD.md, forge-manifest.json
-(sha256 of every file, lineage) and, given a role and an S3 URI, bedrock-import-job.json. Every
-check runs before anything is written (where --out may be: forge.export.destination), and the
-folder appears whole or not at all, its marker file written last.
+files with the chat template inline, generation_config.json, MODEL_CARD.md, the format's own files,
+forge-manifest.json (sha256 of every file, lineage) and, given a role and an S3 URI, the import-job
+request. Every check runs before anything is written (where --out may be:
+forge.export.destination), and the folder appears whole or not at all, its marker file written last.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import forge
 from forge.errors import ForgeError
 from forge.export import bedrock, compat
 from forge.export.card import model_card
-from forge.export.destination import JOB_REQUEST, MANIFEST, check_destination, write_marker
+from forge.export.destination import JOB_REQUEST, MANIFEST, MARKER, check_destination, write_marker
+from forge.export.formats import Format, Planned, row
 from forge.export.shapes import check_config
 from forge.export.source import Source, source_tensors, tensor_specs
 from forge.files import replace_dir
@@ -40,59 +42,37 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json
 
 @dataclass
 class ExportOptions:
-    format: str = "bedrock"            # bedrock | hf (same layout, no Bedrock-only rules)
+    format: str = "bedrock"            # a row of forge.export.formats.FORMATS
     dtype: str = "bf16"                # bf16 | fp16
     max_shard_bytes: int = 5 * 1024**3
     model_name: str | None = None      # importedModelName (default: the recipe's name)
     job_name: str | None = None
-    role_arn: str | None = None        # with s3_uri: write bedrock-import-job.json now
+    role_arn: str | None = None        # with s3_uri: write the import-job request now
     s3_uri: str | None = None
     chat_template: str | None = None   # replaces the model's (or the default, if it has none)
     verify: bool = False
     overwrite: bool = False            # replace an earlier forge export at `out` (nothing else, ever)
 
 
-@dataclass
-class _Checked:
-    """What the checks settled, for the writing."""
-    name: str                      # importedModelName
-    job: str                       # jobName
-    sizes: dict[str, int]          # tensor -> bytes in the export dtype
-    config: tuple[dict, dict]      # the translated config.json and its changes
-    tokenizer: tuple[Path, dict, dict]  # the folder the tokenizer files come from, its config and changes
-    template_from: str             # given | model | default | none
-
-
 def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     """Check, then write the export to `out`; return the manifest."""
-    if opts.format not in ("bedrock", "hf") or opts.dtype not in TORCH:
-        raise ForgeError(f"--format must be bedrock or hf and --dtype bf16 or fp16 (got {opts.format}, {opts.dtype})")
-    is_bedrock = opts.format == "bedrock"
+    fmt = row(opts.format)
+    if opts.dtype not in TORCH:
+        raise ForgeError(f"--dtype {opts.dtype!r}: expected one of {', '.join(TORCH)}")
     real = check_destination(Path(out), {src.folder, src.model_folder}, opts.overwrite)
-    config = _read_json(src.model_folder / "config.json")
-    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
-    check_config(config, specs, src.model_folder / "config.json")
-    config_out, config_changes = compat.translate_config(config, opts.dtype)
-    tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
-    tok_config = _read_json(tok_folder / "tokenizer_config.json")
-    template, template_from = _chat_template(tok_folder, tok_config, opts, is_bedrock)
-    tok_out, tok_changes = compat.translate_tokenizer_config(tok_config or {}, template)
-    sizes = {n: _numel(s) * (TORCH[opts.dtype].itemsize if dt_.is_floating_point else dt_.itemsize)
-             for n, (dt_, s) in specs.items()}
-    name = opts.model_name or bedrock.model_name(src.lineage.name if src.lineage else src.model_folder.name)
-    job = opts.job_name or bedrock.job_name(name)
-    bedrock.check(config_out, tok_out.get("tokenizer_class") if tok_config else None, sum(sizes.values()),
-                  is_bedrock, importedModelName=name, jobName=job)
-    if not (tok_folder / "tokenizer.json").is_file():
-        raise ForgeError(f"{tok_folder}: no tokenizer.json (the fast tokenizer file Bedrock needs)")
+    planned = _plan(src, opts, fmt)
+    found = fmt.problems(planned)
+    if not planned.tokenizer.get("tokenizer_class"):
+        found.append("no tokenizer_config.json with a tokenizer_class (the export ships the tokenizer files)")
+    if found:
+        raise ForgeError("cannot export: " + "; ".join(found))
+    if not (planned.tokenizer_folder / "tokenizer.json").is_file():
+        raise ForgeError(f"{planned.tokenizer_folder}: no tokenizer.json (the fast tokenizer file the runtime loads)")
     if opts.role_arn and opts.s3_uri:  # the job request is checked now too, then rebuilt with the manifest hash
-        if not is_bedrock:
-            raise ForgeError("--role-arn/--s3-uri write a Bedrock import job: use --format bedrock")
-        bedrock.job_request(job, name, opts.role_arn, opts.s3_uri, bedrock.lineage_tags(src.lineage))
+        fmt.job_request(_names(planned), opts.role_arn, opts.s3_uri, src.lineage, {})
 
-    checked = _Checked(name, job, sizes, (config_out, config_changes), (tok_folder, tok_out, tok_changes), template_from)
     try:
-        manifest, request = _write(src, real, opts, checked, log)
+        manifest, request = _write(real, opts, fmt, planned, log)
     except OSError as e:  # a full disk, a folder gone read-only: the old export (if any) is as it was
         where = f"{e.filename}: " if e.filename else ""
         kept = "the earlier export there is unchanged" if real.exists() else "nothing was written"
@@ -103,33 +83,54 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
     return manifest
 
 
-def _write(src: Source, real: Path, opts: ExportOptions, checked: _Checked, log) -> tuple[dict, dict | None]:
+def _plan(src: Source, opts: ExportOptions, fmt: Format) -> Planned:
+    """Everything read and translated from the source, before any check of the format's."""
+    config = _read_json(src.model_folder / "config.json")
+    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
+    check_config(config, specs, src.model_folder / "config.json")
+    config_out, config_changes = compat.translate_config(config, opts.dtype)
+    tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
+    tok_config = _read_json(tok_folder / "tokenizer_config.json")
+    template, template_from = _chat_template(tok_folder, tok_config, opts, fmt)
+    tok_out, tok_changes = compat.translate_tokenizer_config(tok_config or {}, template)
+    sizes = {n: _numel(s) * (TORCH[opts.dtype].itemsize if dt_.is_floating_point else dt_.itemsize)
+             for n, (dt_, s) in specs.items()}
+    name = opts.model_name or bedrock.model_name(src.lineage.name if src.lineage else src.model_folder.name)
+    return Planned(src, opts.dtype, name, opts.job_name or bedrock.job_name(name), sizes, config_out, config_changes,
+                   tok_folder, tok_out if tok_config else {}, tok_changes, template_from)
+
+
+def _names(planned: Planned) -> dict[str, str]:
+    return {"importedModelName": planned.name, "jobName": planned.job}
+
+
+def _write(real: Path, opts: ExportOptions, fmt: Format, planned: Planned, log) -> tuple[dict, dict | None]:
     """The export written whole at `real` (replacing an earlier export there), its marker last:
     the manifest and the job request (or None)."""
-    config_out, config_changes = checked.config
-    tok_folder, tok_out, tok_changes = checked.tokenizer
-    name, job, sizes = checked.name, checked.job, checked.sizes
+    src, config_out = planned.source, planned.config
     with replace_dir(real, "forge-export") as tmp:
-        n_params = _write_weights(src, tmp, opts, sizes)
+        n_params = _write_weights(src, tmp, opts, planned.sizes)
         (tmp / "config.json").write_text(json.dumps(config_out, indent=2) + "\n")
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_out, indent=2) + "\n")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(planned.tokenizer, indent=2) + "\n")
         for f in TOKENIZER_FILES:
-            if (tok_folder / f).is_file():
-                shutil.copy2(tok_folder / f, tmp / f)
+            if (planned.tokenizer_folder / f).is_file():
+                shutil.copy2(planned.tokenizer_folder / f, tmp / f)
         (tmp / "generation_config.json").write_text(json.dumps(_generation_config(src, config_out), indent=2) + "\n")
-        info = {"format": opts.format, "dtype": opts.dtype, "architecture": (config_out.get("architectures") or ["?"])[0],
-                "parameters": n_params, "weight_bytes": sum(sizes.values()), "chat_template": checked.template_from}
-        (tmp / "MODEL_CARD.md").write_text(model_card(name, src.lineage, config_out, info))
+        info = {"format": fmt.name, "dtype": opts.dtype, "architecture": (config_out.get("architectures") or ["?"])[0],
+                "parameters": n_params, "weight_bytes": planned.weight_bytes, "chat_template": planned.template_from}
+        (tmp / "MODEL_CARD.md").write_text(model_card(planned.name, src.lineage, config_out, info, fmt))
+        for name, text in fmt.files(planned).items():
+            _own_file(tmp, name, fmt).write_text(text)
         manifest = {
             "forge_version": forge.__version__,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             **info,
             "runtime_transformers": compat.rules()["runtime_transformers"],
-            "names": {"importedModelName": name, "jobName": job},
+            "names": _names(planned),
             "source": {"spec": src.spec, "folder": str(src.folder) if Path(src.spec).is_dir() else None,
                        "lora_base": str(src.base) if src.base else None,
                        "run_id": src.run_id, "tracking_uri": redact_uri(src.tracking_uri), "versions": src.versions},
-            "config_changes": config_changes, "tokenizer_changes": tok_changes,
+            "config_changes": planned.config_changes, "tokenizer_changes": planned.tokenizer_changes,
             "files": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())},
             "lineage": src.lineage.to_dict() if src.lineage else None,
         }
@@ -141,18 +142,27 @@ def _write(src: Source, real: Path, opts: ExportOptions, checked: _Checked, log)
         (tmp / MANIFEST).write_text(json.dumps(scrub_dict(manifest), indent=2) + "\n")  # paths, lineage: scrubbed
         request = None
         if opts.role_arn and opts.s3_uri:
-            request = write_job_request(tmp, opts.role_arn, opts.s3_uri, job)
+            request = write_job_request(tmp, fmt, opts.role_arn, opts.s3_uri, planned.job)
         write_marker(tmp)
     return manifest, request
 
 
-def write_job_request(folder: Path, role_arn: str, s3_uri: str, job: str | None = None) -> dict:
-    """bedrock-import-job.json for an export folder, its tags carrying the lineage and manifest hash."""
+def _own_file(folder: Path, name: str, fmt: Format) -> Path:
+    """Where a format's own file goes: a plain name beside the layout's files, never one of them."""
+    taken = {p.name for p in folder.iterdir()} | {MANIFEST, MARKER, JOB_REQUEST}
+    if "/" in name or "\\" in name or name in (".", "..") or name in taken:
+        raise ForgeError(f"--format {fmt.name}: its file {name!r} is not a new plain file name in the export "
+                         f"(the layout writes {', '.join(sorted(taken))})")
+    return folder / name
+
+
+def write_job_request(folder: Path, fmt: Format, role_arn: str, s3_uri: str, job: str | None = None) -> dict:
+    """The import-job request for an export folder (JOB_REQUEST), its tags carrying the lineage and
+    manifest hash."""
     manifest = json.loads((folder / MANIFEST).read_text())
     lineage = Lineage.model_validate(manifest["lineage"]) if manifest.get("lineage") else None
-    tags = bedrock.lineage_tags(lineage, {"forge:manifest_sha256": sha256(folder / MANIFEST)})
-    request = bedrock.job_request(job or manifest["names"]["jobName"], manifest["names"]["importedModelName"],
-                                  role_arn, s3_uri, tags)
+    names = {**manifest["names"], **({"jobName": job} if job else {})}
+    request = fmt.job_request(names, role_arn, s3_uri, lineage, {"forge:manifest_sha256": sha256(folder / MANIFEST)})
     (folder / JOB_REQUEST).write_text(json.dumps(request, indent=2) + "\n")
     return request
 
@@ -212,13 +222,14 @@ def _write_weights(src: Source, tmp: Path, opts: ExportOptions, sizes: dict[str,
     return n_params
 
 
-def _chat_template(folder: Path, tok_config: dict | None, opts: ExportOptions, is_bedrock: bool):
+def _chat_template(folder: Path, tok_config: dict | None, opts: ExportOptions, fmt: Format):
     if opts.chat_template is not None:
         return opts.chat_template, "given"
     own = compat.read_chat_template(folder, tok_config or {})
     if own is not None:
         return own, "model"
-    return (bedrock.DEFAULT_CHAT_TEMPLATE, "default") if is_bedrock else (None, "none")
+    default = fmt.chat_template()
+    return (default, "default") if default is not None else (None, "none")
 
 
 def _generation_config(src: Source, config: dict) -> dict:

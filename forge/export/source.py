@@ -16,6 +16,7 @@ import yaml
 from forge.base_check import outside_shards
 from forge.errors import ForgeError, not_safetensors
 from forge.lineage import Lineage
+from forge.rundir import RunLayout
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -90,13 +91,14 @@ def _read_lineage(folder: Path) -> Lineage | None:
 
 def _recipe_tracking_uri(novella: Path) -> str | None:
     """A `forge run` output folder holds recipe.resolved.yaml beside novella/: its tracking store."""
-    resolved = novella.parent / "recipe.resolved.yaml"
+    layout = RunLayout(novella.parent)
+    resolved = layout.resolved_recipe
     if not resolved.is_file():
         return None
     uri = (yaml.safe_load(resolved.read_text()).get("tracking") or {}).get("uri")
     if uri:
         return uri
-    db = novella.parent / "mlflow.db"  # the recipe default; never create a store that is not there
+    db = layout.mlflow_db  # the recipe default; never create a store that is not there
     return f"sqlite:///{db}" if db.is_file() else None
 
 

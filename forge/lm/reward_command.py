@@ -27,6 +27,7 @@ from forge.errors import ForgeError
 from forge.lm.nova_reward import MLFLOW_NAME_LIMIT, Answer, event, read_answer
 from forge.lm.rewards import Reward, RewardError
 from forge.progress import say
+from forge.recipe.reward_table import CONTRACTS, TRANSPORTS, transport_of
 from forge.recipe.rft_settings import RewardSource
 from forge.scrub import scrub
 
@@ -41,10 +42,10 @@ def _out(line: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="reward_command", required=True, metavar="ACTION")
     p = sub.add_parser("verify", help="call a reward source on sample rows and report every contract violation")
-    p.add_argument("source", help="file.py:lambda_handler, module:function, lambda:NAME_OR_ARN or http(s)://...")
+    p.add_argument("source", help=", ".join(t.form for t in TRANSPORTS.values()))
     p.add_argument("--data", required=True, help="a .jsonl file: OpenAI-RFT records, or rows with --prompt-field")
     p.add_argument("--n", type=int, default=8, help="sample rows to send (default 8)")
-    p.add_argument("--protocol", choices=("nova", "forge"), default="nova", help="the contract (default nova)")
+    p.add_argument("--protocol", choices=tuple(CONTRACTS), default="nova", help="the contract (default nova)")
     p.add_argument("--prompt-field", default="prompt", help="rows without 'messages': the field holding the prompt")
     p.add_argument("--completion", help="the completion every sample carries (default: its reference answer)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole call (Nova allows a Lambda 15 min)")
@@ -100,27 +101,35 @@ def _prompts(args: argparse.Namespace) -> tuple[list[list[dict[str, Any]]], dict
 def run(args: argparse.Namespace) -> int:
     say(scrub(f"forge reward verify {args.source}: calling it ({args.protocol} protocol) on {args.n} sample rows "
               f"of {args.data}"))
+    transport = transport_of(args.source)
+    if transport.contracts and args.protocol not in transport.contracts:
+        speaks = transport.contracts[0]
+        raise ForgeError(f"{args.source!r}: {transport.called} speaks only the {speaks} protocol, not {args.protocol}: "
+                         f"pass --protocol {speaks}")
     try:
         spec = RewardSource(source=args.source, protocol=args.protocol, timeout_s=args.timeout, retries=0,
                             region=args.region, concurrency=4, batch_size=64)
     except ValueError as e:  # pydantic's ValidationError: its messages, on one line
-        if args.source.startswith("judge:") and args.protocol == "nova":
-            raise ForgeError(f"{args.source!r}: a judge: source grades with forge's protocol (scores for prompts "
-                             "and completions), not Nova's, this command's default: pass --protocol forge") from None
         errors = e.errors() if hasattr(e, "errors") else [{"msg": str(e)}]
         why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in errors)
         raise ForgeError(f"{args.source!r}: {why}") from None
     chats, fields, completions = _prompts(args)
     with Reward(spec, Path.cwd()) as reward:
-        if args.protocol == "forge":
-            return _forge(reward, chats, fields, completions)
-        samples = event(completions, chats, fields, 0)
-        try:
-            raw = reward.send(samples, f"reward {args.source!r}")
-        except RewardError as e:
-            _out(f"violation: {e}")
-            _out(f"{args.source}: the call failed; nothing to read")
-            return 1
+        code: int = CONTRACTS[args.protocol].verified()(reward, chats, fields, completions)
+    return code
+
+
+def verify_nova(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, list[Any]],
+                completions: list[str]) -> int:
+    """Nova's event sent once; every sample's score and figures, and every breach of the answer."""
+    source = reward.source
+    samples = event(completions, chats, fields, 0)
+    try:
+        raw = reward.send(samples, f"reward {source!r}")
+    except RewardError as e:
+        _out(f"violation: {e}")
+        _out(f"{source}: the call failed; nothing to read")
+        return 1
     answer = read_answer(raw, [s["id"] for s in samples])
     for i, (sample, score) in enumerate(zip(samples[:SHOWN], answer.scores)):
         figures = ", ".join(f"{k}={v[i]:g}" for k, v in answer.metrics.items() if v[i] is not None)
@@ -133,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         _out(f"... and {len(answer.problems) - SHOWN} more violation(s)")
     _warn_long_names(answer, reward.label)
     verdict = "follows Nova's reward contract" if not answer.problems else f"{len(answer.problems)} violation(s)"
-    _out(f"{args.source}: {len(samples)} samples: {verdict}")
+    _out(f"{source}: {len(samples)} samples: {verdict}")
     sys.stdout.flush()
     return 0 if not answer.problems else 1
 
@@ -149,7 +158,9 @@ def _warn_long_names(answer: Answer, label: str) -> None:
                  "metrics_list name keeps it readable")
 
 
-def _forge(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, list[Any]], completions: list[str]) -> int:
+def verify_forge(reward: Reward, chats: list[list[dict[str, Any]]], fields: dict[str, list[Any]],
+                 completions: list[str]) -> int:
+    """One call with forge's contract; every sample's score, or the failure."""
     prompts = [c[-1]["content"] for c in chats]
     try:
         scores = reward(prompts, completions, fields, 0)

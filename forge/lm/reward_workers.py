@@ -4,9 +4,9 @@ A `RewardWorker` is one child process (`python -c`, its own session) that loads 
 reward by its source string (forge.usercode) and calls it on request; the arguments cross its
 stdin as forge's own plain lists and dicts, and the answer comes back as JSON (numpy values are
 turned into Python numbers, other objects into an `Opaque` description), so forge never unpickles
-what user code produced. A Nova-protocol source (`lambda_handler(event, context)`, forge.lm.nova_reward)
-is called with the event and a local context through `call_event`, its answer kept as JSON-like
-values. A call has a wall-clock deadline: past it the worker is
+what user code produced. A contract that calls a function as a Lambda handler
+(`lambda_handler(event, context)`: Nova's, forge.lm.nova_reward) has it called with the event and a
+local context through `call_event`, its answer kept as JSON-like values. A call has a wall-clock deadline: past it the worker is
 killed (SIGKILL, its process group with it) and the next call starts a fresh one. A worker that
 exits (`sys.exit`, `os._exit`), crashes or sends an oversized answer fails the call with a
 `WorkerFailed` saying what happened. The worker ignores SIGINT (forge decides when it ends) and
@@ -208,8 +208,8 @@ class RewardWorker:
         return value
 
     def call_event(self, event: list[dict[str, Any]], timeout_s: float) -> object:
-        """A Nova handler's answer to `event` (JSON-like values); as `call` otherwise."""
-        return self._request(("nova", event, timeout_s), timeout_s)
+        """A Lambda-style handler's answer to `event` (JSON-like values); as `call` otherwise."""
+        return self._request(("event", event, timeout_s), timeout_s)
 
     def _receive(self, deadline: float) -> tuple[str, object]:
         assert self._conns is not None and self._proc is not None
@@ -289,16 +289,16 @@ def serve(recv: mpc.Connection, send: mpc.Connection, source: str, root: str | N
             request = recv.recv()
         except (EOFError, OSError):
             return
-        nova = request[0] == "nova"
+        handler = request[0] == "event"
         try:
-            if nova:  # Nova's contract: lambda_handler(event, context)
+            if handler:  # a Lambda handler's signature: lambda_handler(event, context)
                 answer = fn(request[1], LocalContext(source.rpartition(":")[2], request[2]))
             else:
                 prompts, completions, fields = request
                 answer = fn(prompts, completions, **fields)
             if inspect.isawaitable(answer):
                 answer = asyncio.run(_awaited(answer))
-            reply: tuple[str, object] = ("ok", plain_json(answer) if nova else plain(answer))
+            reply: tuple[str, object] = ("ok", plain_json(answer) if handler else plain(answer))
         except SystemExit as e:
             _reply(send, "exit", f"the reward called sys.exit({e.code!r})")
             return

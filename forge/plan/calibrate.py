@@ -24,9 +24,9 @@ from forge.plan.hardware import get_system, load_catalog
 from forge.plan.memory import memory_per_chip
 from forge.plan.model import count_parameters, spec_from_config
 from forge.plan.parallel import Layout
+from forge.rundir import RunLayout
 
 MEASUREMENTS = "measurements.jsonl"
-CALIBRATION_FILE = "calibration.yaml"
 LOCAL_CHIP = "local-cpu"
 OUTLIER = 0.25      # a run whose step time is off the first fit by more than this (and 3 MADs) is rejected
 
@@ -188,7 +188,7 @@ def calibrate(store_dir: str | Path, path: str | Path | None = None) -> tuple[Ca
     """Fit from the runs recorded under store_dir and write the result (default:
     store_dir/calibration.yaml); returns (calibration, file written)."""
     cal = fit_calibration(load_measurements(store_dir))
-    return cal, write_calibration(cal, path or Path(store_dir) / CALIBRATION_FILE)
+    return cal, write_calibration(cal, path or RunLayout(Path(store_dir)).calibration)  # a run's, or the workspace's
 
 
 def predict_local_step(model_config: dict, seq_len: int, micro_batch: int, grad_accum: int = 1,

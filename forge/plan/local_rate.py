@@ -13,12 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from forge.plan.calibrate import CALIBRATION_FILE, LOCAL_CHIP
+from forge.plan.calibrate import LOCAL_CHIP
 from forge.plan.flops import training_flops_per_token
 from forge.plan.hardware import deep_merge
 from forge.plan.model import spec_from_config
-
-CACHE = "local-rate.json"
+from forge.rundir import RunLayout
 
 
 @dataclass
@@ -47,7 +46,7 @@ def calibration_file(recipe) -> Path | None:
     if given:
         return Path(given)
     out = getattr(recipe, "output", None)
-    found = Path(out) / CALIBRATION_FILE if out else None
+    found = RunLayout(Path(out)).calibration if out else None
     return found if found is not None and found.is_file() else None
 
 
@@ -98,7 +97,7 @@ def measured(model_config: dict, shapes: dict, out: Path | None, log: Callable[[
     from forge.plan import measure
 
     machine = measure.machine()
-    path = Path(out) / CACHE if out else None
+    path = RunLayout(Path(out)).local_rate if out else None
     cache = _read_cache(path) if path is not None else {"entries": {}}
     rate, fresh = LocalRate("cached", "", path), False
     skipped = []

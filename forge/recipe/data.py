@@ -76,8 +76,8 @@ class GeneratedText(Strict):
 
     kind: Literal["stories", "facts", "kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval", "harvest_general",
                   "harvest_highquality", "harvest_long", "harvest_skills", "harvest_instructions", "harvest_preferences"] = Field(
-        description="kb_*: forge.data.kb's knowledge base (documents, SFT chat records, eval questions); "
-                    "harvest_*: forge-tiny's curated sets (forge.data.curated)")
+        description="kb_*: forge.gen.kb's knowledge base (documents, SFT chat records, eval questions); "
+                    "harvest_*: forge-tiny's curated sets (forge.gen.curated)")
     documents: int = Field(gt=0, le=1_000_000)
     seed: int = 0
 

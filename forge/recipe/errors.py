@@ -44,7 +44,10 @@ def _is_model(node: Any) -> bool:
 
 
 def _fields(node: type) -> dict:
-    return node.model_fields if issubclass(node, BaseModel) else {f.name: f for f in dataclasses.fields(node)}
+    if not issubclass(node, BaseModel):
+        return {f.name: f for f in dataclasses.fields(node)}
+    registered = getattr(node, "registered_fields", None)  # keys registered at run time (EvalBlock's evaluators)
+    return {**node.model_fields, **(registered() if registered else {})}
 
 
 def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:

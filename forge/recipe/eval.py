@@ -12,17 +12,22 @@ and `gen_qa.exact_match` / `gen_qa.f1` / `gen_qa.rouge_l` (generated answers aga
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from forge.recipe.data import NAME, Strict
 from forge.recipe.judge import LlmJudge, is_file_source
+from forge.recipe.registry import BLOCKS, EvaluatorSettings
 from forge.recipe.rft_settings import RewardSource
 
 
-class FactRecall(Strict):
+class FactRecall(EvaluatorSettings):
     """Greedy generation from each question, scored against its reference answer."""
+
+    block: ClassVar[str] = "fact_recall"
 
     source: str = Field(pattern=NAME, description="a data source of JSON records holding question and answer")
     question_field: str = "question"
@@ -41,10 +46,12 @@ class FactRecall(Strict):
                                           "default, the one SFT trains with) as a user turn")
 
 
-class Instruct(Strict):
+class Instruct(EvaluatorSettings):
     """Instruction following: greedy replies to prompts (a chat source's conversations without their
     last reply, or prompt_field), exact match with the reference reply: `instruct.accuracy`
     (the reply's first line) and `instruct.contains`."""
+
+    block: ClassVar[str] = "instruct"
 
     source: str = Field(pattern=NAME, description="chat records (the data source's chat:), or rows with prompt_field")
     prompt_field: str = Field("prompt", description="without a chat: mapping on the source: the prompt text field")
@@ -56,8 +63,10 @@ class Instruct(Strict):
     max_new_tokens: int = Field(48, gt=0, le=4096)
 
 
-class Preference(Strict):
+class Preference(EvaluatorSettings):
     """Preference accuracy: the model gives `chosen` a higher log-likelihood than `rejected`."""
+
+    block: ClassVar[str] = "preference"
 
     source: str = Field(pattern=NAME)
     chosen_field: str = "chosen"
@@ -67,10 +76,12 @@ class Preference(Strict):
     split: Literal["all", "train", "heldout"] = "all"
 
 
-class MeanReward(Strict):
+class MeanReward(EvaluatorSettings):
     """Mean reward of completions the model generates for held-out prompts, under reward functions
     (forge.lm.rewards): per source and the weighted total. Defaults come from the recipe's rft
     stage(s): their prompt data, prompt_field, rewards and max_new_tokens."""
+
+    block: ClassVar[str] = "reward"
 
     source: str | None = Field(None, pattern=NAME, description="data source of prompt rows; default: the rft stage's first")
     prompt_field: str | None = Field(None, description="the rows' prompt text field; default: the rft stage's, else 'prompt'")
@@ -89,10 +100,12 @@ class MeanReward(Strict):
         return self
 
 
-class GenQa(Strict):
+class GenQa(EvaluatorSettings):
     """Generative QA on your own question/reference file (or a data source): greedy answers scored
     by SQuAD exact match and token F1, and ROUGE-L (LCS F-measure), each the best over a question's
     references (`answer_field` may hold one string or a list)."""
+
+    block: ClassVar[str] = "gen_qa"
 
     source: str = Field(description="a JSONL file of question/answer rows, or a data source name")
     question_field: str = "question"
@@ -102,9 +115,14 @@ class GenQa(Strict):
     limit: int = Field(100, gt=0, description="at most this many questions (the first ones)")
     max_new_tokens: int = Field(32, gt=0, le=4096)
 
+    def sources(self) -> list[str]:
+        return [] if is_file_source(self.source) else [self.source]
 
-class LmEval(Strict):
+
+class LmEval(EvaluatorSettings):
     """Benchmarks through lm-eval (`pip install 'forge[eval]'`), run on the in-memory model."""
+
+    block: ClassVar[str] = "lm_eval"
 
     tasks: list[str] = Field(min_length=1, description="task names, or paths to task YAML files")
     limit: int | None = Field(None, gt=0)
@@ -127,6 +145,9 @@ class Gates(Strict):
 
 
 class EvalBlock(Strict):
+    # the blocks registered in BLOCKS that are not fields here are kept as extras; any other key is refused
+    model_config = ConfigDict(extra="allow", validate_default=True)
+
     domain: list[str] | None = Field(
         None, description="sources whose held-out perplexity should fall; default: the proprietary ones stages train on")
     general: list[str] | None = Field(
@@ -153,13 +174,62 @@ class EvalBlock(Strict):
     intended_use: str | None = Field(None, description="the model card's intended-use paragraph")
     limitations: list[str] = Field(default_factory=list, description="model card: limitations besides forge's own")
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _registered_blocks(cls, value: Any, handler: Any) -> EvalBlock:
+        """Validate a registered block that is not a field with its class (errors at `eval.<block>...`)."""
+        if not isinstance(value, dict):
+            same: EvalBlock = handler(value)
+            return same
+        extra, errors = {}, []
+        for key, item in value.items():
+            if key in cls.model_fields:
+                continue
+            if not isinstance(key, str) or key not in BLOCKS:
+                errors.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=item))
+                continue
+            try:
+                extra[key] = BLOCKS[key].model_validate(item)
+            except ValidationError as e:
+                errors += _moved(e, (key,))
+        try:
+            block: EvalBlock = handler({k: v for k, v in value.items() if k in cls.model_fields})
+        except ValidationError as e:
+            if not errors:
+                raise
+            errors = _moved(e, ()) + errors
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        block.__pydantic_extra__ = extra
+        return block
+
+    @classmethod
+    def registered_fields(cls) -> dict[str, FieldInfo]:
+        """The registered blocks that are not fields, described as fields (forge.recipe.errors lists them)."""
+        return {k: FieldInfo(annotation=v, default=None) for k, v in BLOCKS.items() if k not in cls.model_fields}
+
+    def block(self, name: str) -> Any:
+        """The settings under `eval.<name>` (a field, or a registered block), None where not given."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return (self.__pydantic_extra__ or {}).get(name)
+
+    def blocks(self) -> dict[str, EvaluatorSettings]:
+        """Every evaluator settings block the suite holds, by its key under eval:."""
+        held = {k: getattr(self, k) for k in type(self).model_fields} | (self.__pydantic_extra__ or {})
+        return {k: v for k, v in held.items() if isinstance(v, EvaluatorSettings)}
+
     def sources(self) -> list[str]:
         """Every data source the suite reads."""
         names = [*(self.domain or []), *(self.general or []), *self.perplexity]
-        names += [x.source for x in (self.fact_recall, self.instruct, self.preference, self.reward)
-                  if x is not None and x.source]
-        names += [x.source for x in (self.llm_judge, self.gen_qa) if x is not None and not is_file_source(x.source)]
+        names += [n for b in self.blocks().values() for n in b.sources()]
         return list(dict.fromkeys(names))
+
+
+def _moved(error: ValidationError, prefix: tuple[Any, ...]) -> list[InitErrorDetails]:
+    """`error`'s problems, each at `prefix` + its own place and with its own message."""
+    return [InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]), loc=(*prefix, *e["loc"]), input=e["input"])
+            for e in error.errors()]
 
 
 def higher_is_better(metric: str) -> bool:

@@ -4,12 +4,13 @@ judge's address (a local folder, `catalog://FAMILY@PHASE`, an OpenAI-compatible 
 endpoint or `bedrock:MODEL_ID`) is checked by forge.recipe.address."""
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from forge.recipe.address import check_address
 from forge.recipe.data import NAME, Strict
+from forge.recipe.registry import EvaluatorSettings
 
 JUDGE_PREFIX = "judge:"  # a reward source `judge:<address>`
 
@@ -39,9 +40,11 @@ class JudgeOptions(Strict):
         return self
 
 
-class LlmJudge(JudgeOptions):
+class LlmJudge(JudgeOptions, EvaluatorSettings):
     """`eval.llm_judge`: the model answers prompts (greedy, in its chat template) and the judge grades
     each answer; reports `llm_judge.<rubric>.mean` (on the low..high scale) and `.std`."""
+
+    block: ClassVar[str] = "llm_judge"
 
     judge: str = Field(min_length=3, description="a model folder, catalog://FAMILY@PHASE, http(s)://... or bedrock:ID")
     source: str = Field(description="a data source name, or a JSONL file of prompt rows")
@@ -56,6 +59,9 @@ class LlmJudge(JudgeOptions):
     @classmethod
     def _address(cls, value: str) -> str:
         return check_address(value.removeprefix(JUDGE_PREFIX))
+
+    def sources(self) -> list[str]:
+        return [] if is_file_source(self.source) else [self.source]
 
 
 def is_file_source(source: str) -> bool:

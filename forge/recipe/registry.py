@@ -81,3 +81,28 @@ class AnyStage:
                 lambda v, info: v.model_dump(mode=info.mode, exclude_defaults=info.exclude_defaults,
                                              exclude_none=info.exclude_none, by_alias=info.by_alias),
                 info_arg=True))
+
+
+BLOCKS: dict[str, type[EvaluatorSettings]] = {}  # eval: key -> settings class, filled as classes are defined
+
+
+class EvaluatorSettings(Strict):
+    """An evaluator's settings block under `eval:` (forge.eval.table runs it). A subclass that
+    declares `block: ClassVar[str] = "NAME"` is registered under NAME in BLOCKS; `eval:` accepts
+    every registered block, its own fields (the built-in ones) and any other (a test's, a plugin's)."""
+
+    block: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        name = cls.__dict__.get("block")
+        if name:
+            if not name.isidentifier():
+                raise TypeError(f"{cls.__name__}.block is {name!r}; expected a key name (letters, digits, _)")
+            BLOCKS[name] = cls
+
+    def sources(self) -> list[str]:
+        """The data sources it reads (checked against the recipe's `data:`): its `source`, if any."""
+        source = getattr(self, "source", None)
+        return [source] if isinstance(source, str) else []

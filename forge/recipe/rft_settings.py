@@ -8,39 +8,36 @@ from typing import ClassVar, Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from forge.recipe.data import Strict
-from forge.recipe.judge import JUDGE_PREFIX, JudgeOptions, check_address
+from forge.recipe.judge import JudgeOptions
+from forge.recipe.reward_table import check_protocol, check_source, forms, terms
 from forge.recipe.settings import Optim, PostTrainSettings, Schedule
 
 
 class RewardSource(Strict):
-    """A reward function: `file.py:function`, `module:function`, `http(s)://...`, `lambda:NAME`, or
-    an LLM judge `judge:ADDRESS` graded as its `judge:` options say (forge.recipe.judge)."""
+    """A reward function: `source` names the code and how forge reaches it (its transport, by the
+    source's form), `protocol` what it receives and returns (its contract); both are rows of
+    forge.recipe.reward_table. A `judge:ADDRESS` source grades as its `judge:` options say
+    (forge.recipe.judge)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
-    source: str = Field(min_length=3)
+    source: str = Field(min_length=3, description=forms())
     weight: float = 1.0
     timeout_s: float = Field(30.0, gt=0, le=3600)
     retries: int = Field(2, ge=0, le=20, description="http: attempts after the first")
     concurrency: int = Field(4, gt=0, le=256, description="http / lambda: requests in flight")
     batch_size: int = Field(64, gt=0, description="http / lambda: completions per request")
     region: str | None = Field(None, description="lambda: AWS region (default: boto3's)")
-    protocol: Literal["forge", "nova"] = Field("forge", description="forge: (prompts, completions, **fields) -> "
-                                               "scores; nova: Amazon Nova's reward Lambda contract (forge.lm.nova_reward)")
+    protocol: str = Field("forge", description=terms())
     judge: JudgeOptions | None = None  # a judge: source's rubric, scoring and score scale
+
+    @field_validator("protocol")
+    @classmethod
+    def _contract(cls, value: str) -> str:
+        return check_protocol(value)
 
     @model_validator(mode="after")
     def _form(self) -> RewardSource:
-        s = self.source
-        if s.startswith(JUDGE_PREFIX):
-            check_address(s.removeprefix(JUDGE_PREFIX))
-            if self.protocol == "nova":
-                raise ValueError("protocol: nova applies to Lambdas, endpoints and files, not to a judge: source")
-            return self
-        if self.judge is not None:
-            raise ValueError(f"judge: options need a judge:ADDRESS source, not {s!r}")
-        if not (s.startswith(("http://", "https://", "lambda:")) or (":" in s and all(s.rpartition(":")[::2]))):
-            raise ValueError(f"source {s!r}: expected file.py:function, module:function, http(s)://..., lambda:NAME "
-                             "or judge:ADDRESS")
+        check_source(self)
         return self
 
 

@@ -30,6 +30,7 @@ from forge.recipe.data import (  # noqa: F401  (GeneratedText: re-exported with 
 )
 from forge.recipe.errors import apply_overrides, format_errors
 from forge.recipe.yaml import read_recipe_yaml
+from forge.rundir import RunLayout
 from forge.scrub import scrub_tree
 
 # -------------------------------------------------------------------------------------- stages
@@ -200,7 +201,7 @@ class Recipe(Strict):
 
     @property
     def tracking_uri(self) -> str:
-        return self.tracking.uri or f"sqlite:///{Path(self.output).resolve() / 'mlflow.db'}"
+        return self.tracking.uri or f"sqlite:///{RunLayout(Path(self.output).resolve()).mlflow_db}"
 
     @property
     def experiment(self) -> str:

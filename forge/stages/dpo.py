@@ -27,10 +27,12 @@ from forge.stages.post_data import chat_spec, epoch_generator, split_rows, token
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_dpo_samples
 from forge.track.protocol import StageTracker
-from forge.train.loop import Outcome, Task, fit
+from forge.train.loop import fit
 from forge.train.losses import IGNORE, Loss
 from forge.train.preference import dpo_loss, sequence_logps
 from forge.train.session import Session, open_session
+from forge.train.state import TrainState
+from forge.train.task import Outcome, Task
 
 Pair = dict[str, Any]  # a tokenized preference pair (forge.data.examples.preference_examples)
 
@@ -207,23 +209,46 @@ def run(stage: DpoStage, inputs: StageInputs) -> StageResult:
         raise ForgeError(f"{where}: no preference pairs to train on in {stage.data} (all held out, too long or unlabelled)")
     tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
     reference = Reference(stage, s, {"train": train, "held": held})
-    data = PairStream(len(train), stage.batch_size, stage.seed)
     template = resolve_chat_template(tok, chat_spec(inputs.sources[stage.data[0]], where))[0]
+    return fit(s, DpoTask(stage, s, inputs, reference, (counts, template)), tracker)
 
-    def samples(step: int) -> None:
-        if s.is_main or s.sharded:  # sharded weights: every rank takes part, rank 0 logs
-            _samples(stage, reference, s, tracker, step)
 
-    task = Task(batches=lambda: [reference.batch("train", data.next_indices(s.rank, s.world))
-                                 for _ in range(stage.grad_accum)],
-                loss=lambda model, batch: preference_loss(stage, reference, model, batch), data=data,
-                tokens=lambda batches: sum(int(b["attention_mask"].sum()) for b in batches),
-                finish=lambda state: _outcome(stage, counts, state.tokens, data, (len(train), len(held)),
-                                              inputs.checkpoint),
-                evaluate=(lambda step: heldout_figures(stage, reference, s.model)) if held else None,
-                samples=samples, samples_every=stage.samples.every, chat_template=template, sources=inputs.sources,
-                records=lambda: [train[i]["record"] for i in data.take_handed()])
-    return fit(s, task, tracker)
+class DpoTask(Task[dict[str, torch.Tensor]]):
+    """DPO's part of the loop: batches of pairs with the reference's log-probs, the preference loss
+    with reward statistics, held-out reward margin and accuracy, and a sample table."""
+
+    def __init__(self, stage: DpoStage, s: Session, inputs: StageInputs, reference: Reference,
+                 found: tuple[dict[str, FormatStats], str | None]):
+        self.pairs = PairStream(len(reference.splits["train"]), stage.batch_size, stage.seed)
+        super().__init__(self.pairs, inputs.sources)
+        self.stage, self.s, self.inputs, self.reference = stage, s, inputs, reference
+        self.counts, self.chat_template = found
+        self.evaluates, self.samples_every = bool(reference.splits["held"]), stage.samples.every
+
+    def batches(self) -> list[dict[str, torch.Tensor]]:
+        return [self.reference.batch("train", self.pairs.next_indices(self.s.rank, self.s.world))
+                for _ in range(self.stage.grad_accum)]
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor | Loss:
+        return preference_loss(self.stage, self.reference, model, batch)
+
+    def tokens(self, batches: list[dict[str, torch.Tensor]]) -> int:
+        return sum(int(b["attention_mask"].sum()) for b in batches)
+
+    def records(self) -> list[tuple[str, int]]:
+        return [self.reference.splits["train"][i]["record"] for i in self.pairs.take_handed()]
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return heldout_figures(self.stage, self.reference, self.s.model)
+
+    def samples(self, step: int) -> None:
+        if self.s.is_main or self.s.sharded:  # sharded weights: every rank takes part, rank 0 logs
+            _samples(self.stage, self.reference, self.s, self.inputs.tracker, step)
+
+    def finish(self, state: TrainState) -> Outcome:
+        splits = self.reference.splits
+        return _outcome(self.stage, self.counts, state.tokens, self.pairs, (len(splits["train"]), len(splits["held"])),
+                        self.inputs.checkpoint)
 
 
 @torch.no_grad()

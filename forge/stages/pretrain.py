@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from forge.data.blocks import Ranks
 from forge.data.mixing import Mix, MixedBlocks, launch_mixture
 from forge.lm.perplexity import loss_metrics, source_blocks, source_losses
@@ -17,10 +19,12 @@ from forge.recipe.settings import MidtrainStage, PretrainStage
 from forge.stages.result import StageInputs, StageResult
 from forge.train.checkpoint import load_position
 from forge.train.context import extend_context
-from forge.train.loop import Outcome, Task, fit
-from forge.train.losses import causal_lm_loss
+from forge.train.loop import fit
+from forge.train.losses import Loss, causal_lm_loss
 from forge.train.session import Session, open_session
 from forge.train.state import TrainState
+from forge.train.step import Record, StepResult
+from forge.train.task import Outcome, Task
 
 
 def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
@@ -33,21 +37,43 @@ def run(stage: PretrainStage, inputs: StageInputs) -> StageResult:
     ranks = Ranks(inputs.out_dir / "blocks", s.rank, s.world, s.accelerator.wait_for_everyone)
     mix = launch_mixture(inputs.sources, Mix(stage.weights, stage.seq_len, stage.separator, stage.max_repeats,
                                              stage.on_exhausted), s.tokenizer, blocks, ranks)
-    # each source's own held-out blocks: the mixed figure is their token-weighted mean
-    held_out = source_blocks(inputs.sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
-                             stage.eval.max_blocks)
+    return fit(s, PretrainTask(stage, s, mix, inputs.sources), inputs.tracker)
 
-    def evaluate(step: int) -> dict[str, float]:
-        return loss_metrics(source_losses(s.model, held_out, stage.batch_size, s.device))
 
-    task = Task(batches=lambda: [mix.next_batch(stage.batch_size, s.rank, s.world) for _ in range(stage.grad_accum)],
-                loss=causal_lm_loss, data=mix, tokens=lambda batches: sum(b.numel() for b in batches),
-                finish=lambda state: _outcome(stage, mix, state, s.total_steps * stage.tokens_per_step * s.world),
-                evaluate=evaluate if held_out else None,  # no source has held-out blocks: no evaluation
-                row=lambda out: {**{f"tokens.{k}": v for k, v in mix.taken.items()},
-                                 **{f"repeats.{k}": v for k, v in mix.repeats().items()}},
-                records=mix.take_records, sources=inputs.sources)
-    return fit(s, task, inputs.tracker)
+class PretrainTask(Task[torch.Tensor]):
+    """Pretraining's part of the loop: `grad_accum` micro-batches of packed blocks from the mixture
+    each step, the causal-LM loss, held-out loss per source, and the mixture's figures in the log."""
+
+    def __init__(self, stage: PretrainStage, s: Session, mix: MixedBlocks, sources: dict[str, Any]):
+        super().__init__(mix, sources)
+        self.stage, self.s, self.mix = stage, s, mix
+        # each source's own held-out blocks: the mixed figure is their token-weighted mean
+        self.held_out = source_blocks(sources, stage.weights, s.tokenizer, stage.seq_len, stage.separator,
+                                      stage.eval.max_blocks)
+        self.evaluates = bool(self.held_out)  # no source has held-out blocks: no evaluation
+
+    def batches(self) -> list[torch.Tensor]:
+        return [self.mix.next_batch(self.stage.batch_size, self.s.rank, self.s.world)
+                for _ in range(self.stage.grad_accum)]
+
+    def loss(self, model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor | Loss:
+        return causal_lm_loss(model, batch)
+
+    def tokens(self, batches: list[torch.Tensor]) -> int:
+        return sum(b.numel() for b in batches)
+
+    def records(self) -> list[Record]:
+        return self.mix.take_records()
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return loss_metrics(source_losses(self.s.model, self.held_out, self.stage.batch_size, self.s.device))
+
+    def row(self, out: StepResult) -> dict[str, float]:
+        return {**{f"tokens.{k}": v for k, v in self.mix.taken.items()},
+                **{f"repeats.{k}": v for k, v in self.mix.repeats().items()}}
+
+    def finish(self, state: TrainState) -> Outcome:
+        return _outcome(self.stage, self.mix, state, self.s.total_steps * self.stage.tokens_per_step * self.s.world)
 
 
 def _launch_blocks(s: Session, per_step: int) -> int:

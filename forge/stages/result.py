@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from forge.recipe import Parallelism
 from forge.track.protocol import Tracker
+from forge.train.meter import Flops
 from forge.train.result import StageResult
 
 __all__ = ["StageInputs", "StageResult"]
@@ -21,6 +23,6 @@ class StageInputs:
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stages' checkpoints, by name
     log: Callable[..., None] = print
     run_id: str | None = None             # the run identity (forge.rundir); resume continues only its checkpoints
-    parallelism: Any = "ddp"              # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
-    flops: Any = None                     # forge.train.meter.Flops: for tokens/s -> MFU per log window
+    parallelism: Parallelism | str = "ddp"  # a strategy name stands for its defaults (forge.train.parallel)
+    flops: Flops | None = None            # for tokens/s -> MFU per log window
     base: Path | None = None              # the pipeline's first checkpoint (SFT's replay_teacher: base)

@@ -31,11 +31,12 @@ from forge.stages.post_data import epoch_generator, split_rows
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
 from forge.track.protocol import StageTracker
-from forge.train.loop import Outcome, Task, fit
+from forge.train.loop import fit
 from forge.train.losses import Loss
 from forge.train.session import Session, open_session
 from forge.train.state import TrainState
 from forge.train.step import Record, StepResult
+from forge.train.task import Outcome, Task
 
 Prompt = tuple[list[dict[str, Any]], dict[str, Any]]  # (chat messages, the fields rewards receive)
 
@@ -305,17 +306,52 @@ def _train(stage: RftStage, inputs: StageInputs, rows: list[Prompt], rewards: li
     roll = Rollouts(stage, s, data, rewards, ref, inputs.tracker)
     if stage.env and stage.eval_tasks:  # held-out tasks of the environment, played greedily
         roll.heldout = prompt_rows(stage, inputs, held_out=True)[:stage.eval_tasks]
-    task = Task(batches=lambda: roll.micro, loss=lambda model, b: grpo_loss(stage, model, b), data=data,
-                tokens=lambda batches: sum(int(b["targets"]) for b in batches), finish=roll.finish,
-                samples=roll.samples, samples_every=stage.samples.every, before_step=roll.before_step, row=roll.row,
-                evaluate=roll.evaluate,
-                chat_template=roll.encoder.template, postfix="reward_mean", records=lambda: roll.records,
-                sources=inputs.sources)
     try:
-        return fit(s, task, inputs.tracker)
+        return fit(s, RftTask(stage, roll, inputs.sources), inputs.tracker)
     finally:
         if roll.ahead is not None:
             roll.ahead.close()
+
+
+class RftTask(Task[dict[str, torch.Tensor]]):
+    """RFT's part of the loop: each step trains on the current rollout's micro-batches (a rollout is
+    made before the step, untimed, every `updates_per_rollout` steps) with the GRPO loss; the reward
+    figures in the log, greedy play of held-out tasks as the evaluation."""
+
+    evaluates = True
+    postfix = "reward_mean"
+
+    def __init__(self, stage: RftStage, roll: Rollouts, sources: dict[str, Any]):
+        super().__init__(roll.data, sources)
+        self.stage, self.roll = stage, roll
+        self.samples_every, self.chat_template = stage.samples.every, roll.encoder.template
+
+    def before_step(self, step: int) -> None:
+        self.roll.before_step(step)
+
+    def batches(self) -> list[dict[str, torch.Tensor]]:
+        return self.roll.micro
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor | Loss:
+        return grpo_loss(self.stage, model, batch)
+
+    def tokens(self, batches: list[dict[str, torch.Tensor]]) -> int:
+        return sum(int(b["targets"]) for b in batches)
+
+    def records(self) -> list[Record]:
+        return self.roll.records
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return self.roll.evaluate(step)
+
+    def samples(self, step: int) -> None:
+        self.roll.samples(step)
+
+    def row(self, out: StepResult) -> dict[str, float]:
+        return self.roll.row(out)
+
+    def finish(self, state: TrainState) -> Outcome:
+        return self.roll.finish(state)
 
 
 def reward_figures(scores: list[dict[str, Any]], labels: dict[str, str], accelerator: Any) -> dict[str, float]:

@@ -12,6 +12,7 @@ from forge.kinds import KINDS, trains
 from forge.lineage import MergeRecord, StageRecord
 from forge.plan.device_peak import flops_per_token, peak_flops_for_device
 from forge.plan.record import log_measured, log_plan_chart, log_stage_plan
+from forge.rundir import RunLayout
 from forge.stages.result import StageInputs, StageResult
 from forge.track.notes import stage_note
 from forge.track.protocol import Tracker
@@ -40,6 +41,10 @@ class RunPlace:
     resume: bool = False
     parallelism: Any = "ddp"    # the recipe's parallelism: block (or a strategy name): how stages train and save
 
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.out)
+
 
 @dataclass
 class PipelineState:
@@ -57,8 +62,9 @@ class PipelineState:
 
 def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tuple[StageResult, StageRecord]:
     """Run (or reuse) one stage inside its child run; return its result and lineage record."""
-    tracker, stage_dir, resume = p.tracker, p.place.out / "stages" / stage.name, p.place.resume
-    done = finished_result(stage_dir / "final") if resume else None
+    tracker, stage_dir, resume = p.tracker, p.place.layout.stage(stage.name), p.place.resume
+    final = p.place.layout.stage_final(stage.name)
+    done = finished_result(final) if resume else None
     if done is not None and p.runs.reopened and stage.name in p.runs.stages:
         p.log("  finished in an earlier run: reusing its checkpoint (and its MLflow run)")
         result = StageResult.from_dict(done)
@@ -73,7 +79,7 @@ def run_stage(index: int, stage: Any, checkpoint: Path, p: PipelineState) -> tup
                 _log_setup(stage, checkpoint, p)
             if done is not None:
                 p.log("  finished in an earlier run: reusing its checkpoint")
-                tracker.set_tags({"reused": str(stage_dir / "final")})
+                tracker.set_tags({"reused": str(final)})
                 result = StageResult.from_dict(done)
             else:
                 inputs = StageInputs(checkpoint, p.inputs.sources, stage_dir, tracker, resume=resume,
@@ -121,7 +127,7 @@ def _merge_back(stage: Any, checkpoint: Path, result: StageResult, place: RunPla
         return None
     from forge.train.parallel import checkpointer
 
-    trained, out = result.checkpoint, place.out / "stages" / stage.name / "merged"
+    trained, out = result.checkpoint, place.layout.stage_merged(stage.name)
     checkpointer(place.parallelism, process_state()).merge_back(trained, checkpoint, cfg.weight, out)
     result.checkpoint = out
     return MergeRecord(weight=cfg.weight, trained_checkpoint=str(trained), input_checkpoint=str(checkpoint),

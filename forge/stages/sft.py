@@ -30,9 +30,12 @@ from forge.stages.post_data import chat_spec, epoch_generator, split_rows, token
 from forge.stages.replay import text_examples
 from forge.stages.result import StageInputs, StageResult
 from forge.stages.samples import log_samples
-from forge.train.loop import Outcome, Task, fit
+from forge.train.loop import fit
 from forge.train.losses import Loss, distilled_lm_loss_sum, masked_lm_loss, masked_lm_loss_sum
 from forge.train.session import Session, open_session
+from forge.train.state import TrainState
+from forge.train.step import StepResult
+from forge.train.task import Outcome, Task
 
 
 class SftStream:
@@ -138,6 +141,59 @@ def heldout_sft_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tenso
     return total / max(count, 1)
 
 
+class SftTask(Task[dict[str, torch.Tensor]]):
+    """SFT's part of the loop: packed or padded batches of the examples, the masked loss (distilled
+    on replayed text with `replay_distill`), held-out loss and sample generations of held-out prompts."""
+
+    def __init__(self, stage: SftStage, s: Session, inputs: StageInputs,
+                 examples: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+                 found: tuple[dict[str, FormatStats], str | None]):
+        train, held = examples
+        self.stage, self.s, self.tracker = stage, s, inputs.tracker
+        self.counts, self.chat_template = found
+        self.stream = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, s.pad_id, stage.seed)
+        super().__init__(self.stream, inputs.sources)
+        self.held = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size,
+                                s.pad_id)[0] if held else []
+        chats = [n for n in stage.data if getattr(inputs.sources[n], "chat", None) is not None]  # the rest: text replay
+        self.encoder = ChatEncoder(s.tokenizer, chat_spec(inputs.sources[chats[0] if chats else stage.data[0]],
+                                                          f"stage {stage.name}"))
+        self.prompts = _sample_prompts(stage, inputs.sources, held)
+        self.sizes = {"train_examples": len(train), "heldout_examples": len(held)}
+        self.masked = _loss(stage, s, train, inputs.base)
+        self.evaluates, self.samples_every = bool(self.held), stage.samples.every
+
+    def batches(self) -> list[dict[str, torch.Tensor]]:
+        return [self.stream.next_batch(self.s.rank, self.s.world) for _ in range(self.stage.grad_accum)]
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor | Loss:
+        return self.masked(model, batch)
+
+    def tokens(self, batches: list[dict[str, torch.Tensor]]) -> int:
+        return self.stream.new_real_tokens()
+
+    def records(self) -> list[tuple[str, int]]:
+        return self.stream.take_records()
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        loss = heldout_sft_loss(self.s.model, self.held, self.s.device)
+        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
+
+    def samples(self, step: int) -> None:
+        s = self.s
+        if self.prompts and (s.is_main or s.sharded):  # sharded weights: every rank generates, rank 0 logs
+            log_samples(self.tracker, step, self.prompts,
+                        generate(s.unwrapped(), s.tokenizer, self.encoder, self.prompts,
+                                 Sampling(self.stage.samples.max_new_tokens), s.device))
+
+    def row(self, out: StepResult) -> dict[str, float]:
+        return {"target_tokens": float(out.targets), "epoch": self.stream.epoch}
+
+    def finish(self, state: TrainState) -> Outcome:
+        return _outcome(self.stage, self.stream, self.counts, state.tokens,
+                        {**self.sizes, "template": self.chat_template})
+
+
 def run(stage: SftStage, inputs: StageInputs) -> StageResult:
     where = f"stage {stage.name}"
     s = open_session(stage, inputs, lora=stage.lora)
@@ -147,34 +203,11 @@ def run(stage: SftStage, inputs: StageInputs) -> StageResult:
         raise ForgeError(f"{where}: no training examples in {stage.data} (all held out, too long or unlabelled)")
     held, _, _ = load_examples(stage, inputs.sources, tok, held_out=True)
     tracker.log_summary("data", {k: v for n, st in counts.items() for k, v in st.as_dict(n).items()})  # single counts
-    data = SftStream(train, stage.seq_len, stage.batch_size, stage.packing, s.pad_id, stage.seed)
-    held_batches = pad_batches(held[: stage.eval.max_blocks * stage.batch_size * s.world], stage.batch_size,
-                               s.pad_id)[0] if held else []
-    chats = [n for n in stage.data if getattr(inputs.sources[n], "chat", None) is not None]  # the rest: text replay
-    encoder = ChatEncoder(tok, chat_spec(inputs.sources[chats[0] if chats else stage.data[0]], where))
-    prompts = _sample_prompts(stage, inputs.sources, held)
-
-    def evaluate(step: int) -> dict[str, float]:
-        loss = heldout_sft_loss(s.model, held_batches, s.device)
-        return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
-
-    def samples(step: int) -> None:
-        if prompts and (s.is_main or s.sharded):  # sharded weights: every rank generates, rank 0 logs
-            log_samples(tracker, step, prompts,
-                        generate(s.unwrapped(), tok, encoder, prompts, Sampling(stage.samples.max_new_tokens), s.device))
-
-    sizes = {"train_examples": len(train), "heldout_examples": len(held)}
-    task = Task(batches=lambda: [data.next_batch(s.rank, s.world) for _ in range(stage.grad_accum)],
-                loss=_loss(stage, s, train, inputs.base), data=data, tokens=lambda _: data.new_real_tokens(),
-                finish=lambda state: _outcome(stage, data, counts, state.tokens, {**sizes, "template": template}),
-                evaluate=evaluate if held_batches else None, samples=samples, samples_every=stage.samples.every,
-                row=lambda out: {"target_tokens": float(out.targets), "epoch": data.epoch}, chat_template=template,
-                records=data.take_records, sources=inputs.sources)
-    return fit(s, task, tracker)
+    return fit(s, SftTask(stage, s, inputs, (train, held), (counts, template)), tracker)
 
 
 def _loss(stage: SftStage, s: Session, train: list[dict[str, Any]],
-          base: Path | None) -> Callable[[torch.nn.Module, Any], Any]:
+          base: Path | None) -> Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor | Loss]:
     """The masked LM loss, or with `replay_distill` the distilled one against a frozen copy of the
     stage's input model (or of the pipeline's base); its statistic `replay_kl` is the KL summed over
     the replayed tokens per target token of the step (the loop's statistics are means over targets)."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from forge.recipe.settings import SoupStage
+from forge.rundir import FINAL
 from forge.stages.result import StageInputs, StageResult
 from forge.train.accel import process_state
 from forge.train.checkpoint import STATE
@@ -15,7 +16,7 @@ from forge.train.parallel import checkpointer
 def run(stage: SoupStage, inputs: StageInputs) -> StageResult:
     folders = [inputs.outputs.get(name) or Path(name) for name in stage.ingredients]
     weights = stage.weights or [1.0] * len(folders)
-    final = inputs.out_dir / "final"
+    final = inputs.out_dir / FINAL
     result = StageResult(final, {"ingredients": float(len(folders))}, lineage={
         "ingredients": [str(f) for f in folders], "weights": [w / sum(weights) for w in weights]})
     checkpointer(inputs.parallelism, process_state()).average(

@@ -45,11 +45,11 @@ from forge.track.names import (
 )
 from forge.track.protocol import StageTracker, Tracker
 from forge.track.registry import details_path, version_details
-from forge.track.runs import RUNS_FILE, ParentRun, RunIds, parent_run
+from forge.track.runs import ParentRun, RunIds, parent_run
 from forge.track.store import prepare_sqlite_store, quiet_mlflow
 from forge.track.tracker import MlflowTracker, null_tracker
 
-__all__ = ["MAX_PARAM_KEY", "MAX_PARAM_VALUE", "METRICS_PER_BATCH", "PARAMS_PER_BATCH", "RUNS_FILE",
+__all__ = ["MAX_PARAM_KEY", "MAX_PARAM_VALUE", "METRICS_PER_BATCH", "PARAMS_PER_BATCH",
            "MlflowTracker", "ParentRun", "RunIds", "StageTracker", "Tracker", "details_path", "fetch_registered_model",
            "find_novella_run", "flatten", "log_export", "metric_name", "null_tracker", "parent_run",
            "prepare_sqlite_store", "quiet_mlflow", "registered_versions_of_run", "summary_value", "version_details"]

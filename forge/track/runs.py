@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from forge.rundir import RunLayout
 from forge.track.protocol import Tracker
-
-RUNS_FILE = "tracking.json"  # the output folder's MLflow run ids: {"parent": id, "stages": {name: id}}
 
 
 @dataclass
@@ -24,7 +23,7 @@ class RunIds:
 
     @classmethod
     def load(cls, out: Path) -> RunIds:
-        path = Path(out) / RUNS_FILE
+        path = RunLayout(Path(out)).tracking  # {"parent": id, "stages": {name: id}}
         data = json.loads(path.read_text()) if path.is_file() else {}
         return cls(path, data.get("parent"), dict(data.get("stages", {})))
 

@@ -1,12 +1,16 @@
 """Metric rows held back and sent to MLflow together: one store write per training step, made by
 MLflow's writer thread, took ~4% of a CPU run's step time (bench/bench_pretrain.py). The rows go
 out in one batch with the first row METRICS_EVERY_S after the last send, and as the run ends. The
-batches a send hands to MLflow's writer are checked at the next send and as the run ends: a batch
-the store refused is the tracker's error (on_error: fail stops the run), never dropped in silence."""
+batches a send hands to the writer are checked at the next send and as the run ends: a batch the
+store refused is the tracker's error (on_error: fail stops the run), never dropped in silence.
+
+The writer is a thread of forge's, not MLflow's asynchronous logging: MLflow's writer polls its
+queue once a second, and flushing or ending a run waits for that poll: ~2 s idle per MLflow run (a
+one-stage `forge run` has two), which a one-thread executor shut down as the run ends never costs."""
 from __future__ import annotations
 
-import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from forge.track.names import METRICS_EVERY_S, METRICS_PER_BATCH
@@ -20,7 +24,8 @@ class MetricRows:
     def __init__(self, mlflow: Any, call: Call):
         self._mlflow, self._call = mlflow, call
         self._rows: dict[str, list[Any]] = {}  # run id -> rows not sent yet
-        self._sending: list[Any] = []  # MLflow's RunOperations of the batches handed to its writer
+        self._sending: list[Future[None]] = []  # the batches handed to the writer, not checked yet
+        self._writer: ThreadPoolExecutor | None = None  # started by a send, shut down as a run ends
         self._sent_at = time.monotonic()
 
     def add(self, run_id: str, items: list[tuple[str, float]], step: int) -> None:
@@ -32,8 +37,8 @@ class MetricRows:
 
     def send(self, wait: bool = False) -> None:
         """Check the batches of the send before (written by now, METRICS_EVERY_S ago), then hand the
-        rows held to MLflow's writer (a training step does not wait on the store). `wait`: check
-        this send's batches too (as a run ends)."""
+        rows held to the writer (a training step does not wait on the store). `wait`: check this
+        send's batches too and stop the writer (as a run ends)."""
         self._sent_at = time.monotonic()
         self._check()
         held, self._rows = self._rows, {}
@@ -41,24 +46,28 @@ class MetricRows:
             for i in range(0, len(rows), METRICS_PER_BATCH):
                 self._call("metrics", self._send, run_id, rows[i:i + METRICS_PER_BATCH])
         if wait:
-            self._check()
+            try:
+                self._check()
+            finally:
+                if self._writer is not None:  # nothing left to write: its thread ends at once
+                    self._writer.shutdown(wait=True)
+                    self._writer = None
 
     def _send(self, run_id: str, rows: list[Any]) -> None:
-        self._sending.append(self._mlflow.MlflowClient().log_batch(run_id, metrics=rows, synchronous=False))
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-metrics")  # one: in order
+        client = self._mlflow.MlflowClient()  # in the caller's thread: the tracking URI set there
+        self._sending.append(self._writer.submit(client.log_batch, run_id, metrics=rows, synchronous=True))
 
     def _check(self) -> None:
         sent, self._sending = self._sending, []
-        for operations in sent:
-            if operations is not None:
-                self._call("metrics", _wait, operations)
+        for batch in sent:
+            self._call("metrics", _wait, batch)
 
 
-def _wait(operations: Any) -> None:
-    """Wait for a batch; what the writer met, as its own words (MLflow wraps them in "The following
-    failures occurred ...: [MlflowException('...')]")."""
+def _wait(batch: Future[None]) -> None:
+    """Wait for a batch; what the writer met, in its first line."""
     try:
-        operations.wait()
+        batch.result()
     except Exception as e:
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        inner = re.search(r"operations: \[\w+\((['\"])(.*?)\1[,)]", text)
-        raise RuntimeError(inner.group(2) if inner else text) from None
+        raise RuntimeError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None

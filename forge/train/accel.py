@@ -8,16 +8,20 @@ per-run state first. The process group (PartialState) is kept: it belongs to the
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from forge.errors import ForgeError
 
+if TYPE_CHECKING:  # imported when a stage starts, not with the module
+    from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState, GradientState
+
 _MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
-def new_accelerator(precision: str, where: str) -> Any:
+def new_accelerator(precision: str, where: str) -> Accelerator:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -33,7 +37,7 @@ PRIVATE = (("accelerate.state", "AcceleratorState._reset_state"), ("accelerate.s
            ("torch.optim.optimizer", "_get_fused_kernels_supported_devices"))
 
 
-def _reset_accelerate(accelerator_state: Any, gradient_state: Any) -> None:
+def _reset_accelerate(accelerator_state: type[AcceleratorState], gradient_state: type[GradientState]) -> None:
     """Clear accelerate's per-run singletons (keeping the process group). No public API does this:
     the public way is one Accelerator per process, i.e. one stage per process, which a pipeline of
     stages with different precisions in one process cannot keep."""
@@ -47,9 +51,9 @@ def _multi_cpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
-def process_state() -> Any:
+def process_state() -> PartialState:
     """This process's place in the launch (rank, world size, barriers), for pipeline-level work:
-    accelerate's PartialState (untyped; a forge.train.checkpointer.Process among other things)."""
+    accelerate's PartialState (a forge.train.checkpointer.Process among other things)."""
     from accelerate import PartialState
 
     return PartialState(cpu=_multi_cpu())

@@ -17,13 +17,20 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeAlias
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
 from forge.files import atomic_dir
 from forge.scrub import first_line
+
+if TYPE_CHECKING:  # the libraries load with a checkpoint, not with the module
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+HfModel: TypeAlias = "PreTrainedModel | PeftModel"  # a model that writes itself as a Hugging Face folder
 
 STATE = "forge_state.json"      # step, tokens, metrics, data position; the stage result when final
 TRAINING = "training_state.pt"  # optimizer, scheduler, RNG
@@ -32,8 +39,8 @@ _TENSOR_PARTS = ("optimizer", "scheduler", "rng")
 _STEP = re.compile(r"step-(\d+)")
 
 
-def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any] | None = None,
-                    training: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict | None = None,
+                    training: StateDict | None = None) -> Path:
     """save_pretrained (safetensors) + tokenizer + `forge_state.json` (+ `training_state.pt`) +
     the manifest. A failed write (disk full, read-only folder; an OSError, or safetensors' own
     SafetensorError) leaves the previous checkpoints as they were and says so in a forge error."""
@@ -41,7 +48,7 @@ def save_checkpoint(model: Any, tokenizer: Any, path: Path, state: dict[str, Any
 
     try:
         with atomic_dir(path) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(str(tmp), safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             if state is not None:
                 (tmp / STATE).write_text(json.dumps(state, indent=2))
@@ -98,17 +105,17 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
-def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_state(state: StateDict) -> tuple[StateDict, StateDict]:
     """A TrainState's state_dict as (JSON part, tensor part)."""
     return ({k: v for k, v in state.items() if k not in _TENSOR_PARTS},
             {k: v for k, v in state.items() if k in _TENSOR_PARTS})
 
 
-def _load_training(file: Path) -> dict[str, Any]:
+def _load_training(file: Path) -> StateDict:
     """training_state.pt, weights_only: a planted pickle payload is refused, never run (RNG states
     are saved as tensors and plain types, so nothing beyond torch's safe defaults is needed)."""
     try:
-        training: dict[str, Any] = torch.load(file, weights_only=True)
+        training: StateDict = torch.load(file, weights_only=True)
         return training
     except pickle.UnpicklingError as e:
         raise ForgeError(f"{file}: refused: it holds objects that are not allowed in a training state "
@@ -117,28 +124,28 @@ def _load_training(file: Path) -> dict[str, Any]:
         raise ForgeError(f"{file}: cannot read the training state: {str(e)[:200]}") from None
 
 
-def load_state_part(file: Path) -> dict[str, Any]:
+def load_state_part(file: Path) -> StateDict:
     """One tensor file of a checkpoint (a sharded one's `rng-<rank>.pt`), read as training_state.pt is."""
     return _load_training(Path(file))
 
 
-def load_position(path: Path) -> dict[str, Any]:
+def load_position(path: Path) -> StateDict:
     """A checkpoint's step, tokens, metrics and data position (its JSON part alone: no tensors, no collective)."""
-    state: dict[str, Any] = json.loads((Path(path) / STATE).read_text())
+    state: StateDict = json.loads((Path(path) / STATE).read_text())
     return state
 
 
-def load_state(path: Path) -> dict[str, Any]:
+def load_state(path: Path) -> StateDict:
     """The whole saved TrainState of a checkpoint folder (both files)."""
-    state: dict[str, Any] = json.loads((Path(path) / STATE).read_text())
+    state: StateDict = json.loads((Path(path) / STATE).read_text())
     state.update(_load_training(Path(path) / TRAINING))
     return state
 
 
-def load_optimizer_state(path: Path) -> dict[str, Any] | None:
+def load_optimizer_state(path: Path) -> StateDict | None:
     """The optimizer moments a checkpoint kept (for optim.carry_over), or None."""
     file = Path(path) / TRAINING
-    saved: dict[str, Any] | None = _load_training(file).get("optimizer") if file.is_file() else None
+    saved: StateDict | None = _load_training(file).get("optimizer") if file.is_file() else None
     return saved
 
 
@@ -181,10 +188,10 @@ def prune_checkpoints(folder: Path, keep: int) -> list[Path]:
     return old
 
 
-def finished_result(final: Path) -> dict[str, Any] | None:
+def finished_result(final: Path) -> StateDict | None:
     """The saved result of a stage whose final checkpoint was written intact, else None."""
     state = Path(final) / STATE
     if not state.is_file() or verify_checkpoint(final) is not None:
         return None
-    result: dict[str, Any] | None = json.loads(state.read_text()).get("result")
+    result: StateDict | None = json.loads(state.read_text()).get("result")
     return result

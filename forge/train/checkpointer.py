@@ -9,12 +9,21 @@ with the same methods; the parallelism strategy picks one (forge.train.parallel)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, cast
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
 from forge.train import checkpoint as files
+from forge.train.checkpoint import HfModel
+from forge.train.settings import LoraSettings
+
+if TYPE_CHECKING:  # the libraries load with a checkpoint, not with the module
+    from peft import PeftModel
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+Configure = Callable[["PretrainedConfig"], "PretrainedConfig"]  # changes a model's config before its weights load
 
 
 class Process(Protocol):
@@ -29,16 +38,17 @@ class Process(Protocol):
 class Checkpointer(Protocol):
     def bind(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
     def weights(self, resume_from: Path | None, start: Path) -> Path: ...
-    def load_model(self, path: Path, configure: Callable[[Any], Any] | None = None) -> tuple[Any, Any]: ...
+    def load_model(self, path: Path,
+                   configure: Configure | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]: ...
     def latest(self, folder: Path, run_id: str | None) -> Path | None: ...
-    def load_state(self, path: Path) -> dict[str, Any]: ...
-    def load_optimizer(self, path: Path) -> dict[str, Any] | None: ...
+    def load_state(self, path: Path) -> StateDict: ...
+    def load_optimizer(self, path: Path) -> StateDict | None: ...
     def clear(self, folder: Path) -> None: ...
-    def save(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
-             training: dict[str, Any] | None = None) -> Path: ...
-    def save_resumable(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
+             training: StateDict | None = None) -> Path: ...
+    def save_resumable(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                        keep_last: int | None) -> Path: ...
-    def save_final(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save_final(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                    final: FinalSave) -> Path: ...
     def merge_back(self, trained: Path, start: Path, weight: float, out: Path) -> Path: ...
     def average(self, folders: list[Path], weights: list[float], out: Path, extra: dict[str, str]) -> Path: ...
@@ -48,7 +58,7 @@ class FinalSave:
     """How a stage's output is written: with its optimizer state or not, and for a LoRA stage merged
     into the base (default) or as a PEFT adapter beside it (`lora.merge: false`)."""
 
-    def __init__(self, training: dict[str, Any] | None, lora: Any = None, base: Path | None = None):
+    def __init__(self, training: StateDict | None, lora: LoraSettings | None = None, base: Path | None = None):
         self.training, self.lora, self.base = training, lora, base
 
 
@@ -58,13 +68,14 @@ class FullCheckpointer:
     def __init__(self, process: Process):
         self.process = process
 
-    def _on_main(self, write: Callable[[], Any]) -> None:
+    def _on_main(self, write: Callable[[], object]) -> None:
         self.process.wait_for_everyone()
         if self.process.is_main_process:
             write()
         self.process.wait_for_everyone()
 
-    def load_model(self, path: Path, configure: Callable[[Any], Any] | None = None) -> tuple[Any, Any]:
+    def load_model(self, path: Path,
+                   configure: Configure | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
         """(model, tokenizer) in fp32 from a Hugging Face folder; `configure(config)` may change the
         config first (context extension), the weights then load into the changed model."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -93,10 +104,10 @@ class FullCheckpointer:
                              "parallelism.strategy=fsdp, or start the stage over (forge run --restart)")
         return path
 
-    def load_state(self, path: Path) -> dict[str, Any]:
+    def load_state(self, path: Path) -> StateDict:
         return files.load_state(path)
 
-    def load_optimizer(self, path: Path) -> dict[str, Any] | None:
+    def load_optimizer(self, path: Path) -> StateDict | None:
         return files.load_optimizer_state(path)
 
     def clear(self, folder: Path) -> None:
@@ -105,12 +116,12 @@ class FullCheckpointer:
 
         self._on_main(lambda: shutil.rmtree(folder, ignore_errors=True))
 
-    def save(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
-             training: dict[str, Any] | None = None) -> Path:
+    def save(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
+             training: StateDict | None = None) -> Path:
         self._on_main(lambda: files.save_checkpoint(model, tokenizer, path, state=state, training=training))
         return Path(path)
 
-    def save_resumable(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save_resumable(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                        keep_last: int | None) -> Path:
         """A resume point (`state` holds the JSON part and the tensors under "training"), then the
         oldest ones beyond `keep_last` are pruned (only once the new one is whole)."""
@@ -124,12 +135,12 @@ class FullCheckpointer:
         self._on_main(write)
         return Path(path)
 
-    def save_final(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save_final(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                    final: FinalSave) -> Path:
         lora = final.lora
         if lora is None:
             return self.save(model, tokenizer, path, state, final.training)
-        peft_model: Any = model  # a PeftModel (peft is untyped)
+        peft_model = cast("PeftModel", model)  # a stage with a lora: block trains a PeftModel (forge.train.lora)
         if not lora.merge:  # the adapter alone: its optimizer moments do not carry over to a full model
             peft_model.peft_config["default"].base_model_name_or_path = str(Path(final.base or "").resolve())
             return self.save(model, tokenizer, path, state)

@@ -7,11 +7,14 @@ graph each, past its recompile limit) run the same layers eagerly. The loss, the
 head run eagerly too."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, ParamSpec, TypeVar
 
 import torch
 
 from forge.train.fsdp import decoder_layers, hf_model
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def compile_layers(model: torch.nn.Module, where: str) -> int:
@@ -23,10 +26,10 @@ def compile_layers(model: torch.nn.Module, where: str) -> int:
     return len(layers)
 
 
-def _training_compiled(eager: Callable[..., Any]) -> Callable[..., Any]:
+def _training_compiled(eager: Callable[P, R]) -> Callable[P, R]:
     compiled = torch.compile(eager)
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: P.args, **kwargs: P.kwargs) -> R:
         trains = torch.is_grad_enabled() and kwargs.get("cache") is None and kwargs.get("past_key_values") is None
         return (compiled if trains else eager)(*args, **kwargs)
 

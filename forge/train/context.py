@@ -3,15 +3,17 @@ installed transformers reads (`rope_parameters` in 5.x), so the written config.j
 plain `AutoModelForCausalLM`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from forge.errors import ForgeError
+from forge.train.settings import ContextSettings
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-def extend_context(config: PretrainedConfig, context: Any, max_position: int, where: str) -> PretrainedConfig:
+def extend_context(config: PretrainedConfig, context: ContextSettings, max_position: int,
+                   where: str) -> PretrainedConfig:
     """Set `config` (a transformers PretrainedConfig) to `max_position` tokens with the recipe's
     rope_theta / rope_scaling; returns it. Rotary tables are rebuilt from it when the model loads."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

@@ -17,7 +17,7 @@ import functools
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -49,7 +49,7 @@ def _on_every_thread(setting: bool | dict[int, bool]) -> dict[int, bool]:
     native thread id); return what each had."""
     had: dict[int, bool] = {}  # each thread writes its own key, holding the GIL (ctypes takes it)
 
-    def apply(_: Any) -> None:
+    def apply(_: int | None) -> None:  # the region's data pointer (none is passed)
         me = threading.get_native_id()
         had[me] = flushing()
         want = setting if isinstance(setting, bool) else setting.get(me, False)
@@ -65,7 +65,7 @@ def _on_every_thread(setting: bool | dict[int, bool]) -> dict[int, bool]:
 
 
 @functools.cache  # the runtime torch loaded stays loaded
-def _gomp_parallel() -> Any:
+def _gomp_parallel() -> Callable[[object, None, int, int], None] | None:
     """The OpenMP runtime's GOMP_parallel(fn, data, threads, flags) in this process (torch's own
     where several are loaded), or None (not Linux, or torch built without OpenMP)."""
     maps = Path("/proc/self/maps")

@@ -9,12 +9,20 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator, cast
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
 from forge.train.accel import group_backend, pins_memory
+from forge.train.settings import ParallelismSettings
+
+if TYPE_CHECKING:  # the libraries load with a session, not with the module
+    from peft import PeftModel
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -28,25 +36,25 @@ class Options:
     cpu_offload: bool = False
 
 
-def options(spec: Any) -> Options:
-    """Options from a strategy name or a `parallelism:` block (read by attribute)."""
+def options(spec: ParallelismSettings | str) -> Options:
+    """Options from a strategy name or a `parallelism:` block."""
     if isinstance(spec, str):
         return Options(spec)
     return Options(spec.strategy, spec.sharding, spec.mixed_precision, bool(spec.activation_checkpointing),
                    bool(spec.cpu_offload))
 
 
-def hf_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model itself (inside a PEFT wrapper when adapters train)."""
-    peft: Any = model
-    inner: torch.nn.Module = peft.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner
+def hf_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model itself (inside a PEFT wrapper when adapters train): a session's model
+    is one (forge.train.checkpointer loads it)."""
+    inner = cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
+    return cast("PreTrainedModel", inner)
 
 
 def checkpoint_activations(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in the backward pass (non-reentrant)."""
-    hf: Any = hf_model(model)
-    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf = hf_model(model)  # its gradient_checkpointing_enable is unannotated in transformers
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
 
 
 def decoder_layers(hf: torch.nn.Module, why: str = "parallelism.strategy: fsdp",
@@ -60,14 +68,15 @@ def decoder_layers(hf: torch.nn.Module, why: str = "parallelism.strategy: fsdp",
     return found
 
 
-def _mesh(device: torch.device, sharding: str) -> Any:
+def _mesh(device: torch.device, sharding: str) -> DeviceMesh:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.distributed_c10d import Store
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized() and world == 1:  # one process without a launcher: a group of one
         backend = group_backend(device)
-        store: Any = getattr(dist, "HashStore")()  # an in-memory store (not in torch's stubs' exports)
+        store: Store = getattr(dist, "HashStore")()  # an in-memory one (not among torch's typed exports)
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
     if sharding == "full":
         return init_device_mesh(device.type, (world,))
@@ -97,15 +106,15 @@ def shard(model: torch.nn.Module, opts: Options, device: torch.device) -> torch.
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if opts.mixed_precision == "bf16" else MixedPrecisionPolicy())
     offload = CPUOffloadPolicy(pin_memory=pins_memory(device)) if opts.cpu_offload else OffloadPolicy()
-    kw: dict[str, Any] = {"mesh": _mesh(device, opts.sharding), "mp_policy": mp, "offload_policy": offload}
+    mesh = _mesh(device, opts.sharding)
     hf = hf_model(model)
     layers = decoder_layers(hf)
     for layer in layers:
-        fully_shard(layer, **kw)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
     outside = _outside(hf, layers)
     if outside:
-        fully_shard(outside, **kw)
-    fully_shard(model, **kw)
+        fully_shard(outside, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     setattr(hf, "_is_fsdp_managed_module", True)  # transformers' generate: synced_gpus under sharding
     was = model.training
     with torch.no_grad():  # the root's lazy initialisation, before any call could enter below it
@@ -119,7 +128,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
-def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
+def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -174,22 +183,22 @@ def resharded(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, Any]:
+def full_model_state(model: torch.nn.Module) -> StateDict:
     """The whole model's state dict on CPU, on rank 0 (a collective: every rank calls it; others get {})."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     resharded(model)
-    state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state: StateDict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateDict:
     """The optimizer's whole state on rank 0 in `optimizer.state_dict()`'s own form (parameters by
     index, in the optimizer's order), so a data-parallel stage can carry it over (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     resharded(model)
-    named: dict[str, Any] = get_optimizer_state_dict(
+    named: StateDict = get_optimizer_state_dict(
         model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not named:
         return {}
@@ -201,7 +210,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return {"state": {index[k]: v for k, v in named["state"].items() if k in index}, "param_groups": groups}
 
 
-def load_full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+def load_full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: StateDict) -> None:
     """Load a whole-model optimizer state (by index, as `optimizer.state_dict()` gives it) into the
     sharded optimizer (optim.carry_over under fsdp)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -213,7 +222,7 @@ def load_full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         raise ValueError(f"{len(fqns)} parameters train here, the saved state has "
                          f"{sum(len(g['params']) for g in saved['param_groups'])}")
     keys = set(optimizer.param_groups[0]) if optimizer.param_groups else set()  # not an old schedule's initial_lr
-    named: dict[str, Any] = {"state": {fqns[int(i)]: v for i, v in saved["state"].items()},
+    named: StateDict = {"state": {fqns[int(i)]: v for i, v in saved["state"].items()},
                              "param_groups": [{**{k: v for k, v in g.items() if k in keys},
                                                "params": [fqns[int(i)] for i in g["params"]]}
                                               for g in saved["param_groups"]]}

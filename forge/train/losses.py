@@ -4,7 +4,7 @@ counts (see forge.train.step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +72,8 @@ def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: 
     """float32 logits at the positions `keep` marks (of the shifted labels, (batch, seq_len - 1)),
     from the decoder and head alone where the model allows: the head and softmax run only where a
     loss is taken (SFT: the answers)."""
-    kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "use_cache": False}  # a cache would disable packed masks
+    # use_cache off: a cache would disable packed masks
+    kwargs: dict[str, torch.Tensor | bool] = {"input_ids": batch["input_ids"], "use_cache": False}
     if "position_ids" in batch:
         if "attention_mask" in batch:
             raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
@@ -103,7 +104,14 @@ def _at(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 _PLAIN_HEADS = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo2", "smollm3", "gpt_neox"})
 
 
-def _body_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+class _SplitModel(Protocol):
+    """A transformers causal LM's parts (PEFT's model hands the calls on to the one it wraps)."""
+
+    def get_decoder(self) -> torch.nn.Module | None: ...
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
+
+
+def _body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(decoder, LM head) of a plain single-process causal LM (or a PEFT model of one), else None:
     a DDP or FSDP wrapper must run its own forward, and other heads may transform the logits."""
     config = getattr(model, "config", None)
@@ -111,12 +119,24 @@ def _body_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
         return None
     if any(type(m).__name__.startswith("FSDP") for m in (model, *model.children())):
         return None
-    plain: Any = model  # a transformers model, typed as a Module here
+    plain = cast(_SplitModel, model)  # a transformers model of a plain type (checked above), or PEFT's around one
     try:
         body, head = plain.get_decoder(), plain.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return None
     return (body, head) if body is not None and head is not None else None
+
+
+def policy_ratio_loss(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor,
+                      low: torch.Tensor | None = None, high: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token policy-gradient loss with importance weights r = exp(logp - old), the ratio of the
+    policy to the policy that sampled: -min(r A, clip(r, low, high) A), PPO's clipped objective
+    (Schulman et al. 2017); without bounds it is -r A (REINFORCE with importance sampling)."""
+    ratio = torch.exp(logp - old)
+    if low is None and high is None:
+        return -ratio * advantages
+    clipped = ratio.clamp(min=low, max=high)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -125,7 +145,7 @@ def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     return total / count.clamp(min=1)
 
 
-def target_count(batch: torch.Tensor | dict[str, Any]) -> int | torch.Tensor:
+def target_count(batch: torch.Tensor | dict[str, torch.Tensor]) -> int | torch.Tensor:
     """Target tokens in a batch: every position but the first of a block of token ids (an int, from
     its shape), or the labelled positions (after the first) of a dict batch with `labels`; a dict
     batch may name its own count under `targets` (its loss is then the mean over that many items).

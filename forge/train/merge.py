@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -23,7 +22,7 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def _architecture(folder: Path) -> dict[str, Any]:
+def _architecture(folder: Path) -> dict[str, object]:
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError) as e:

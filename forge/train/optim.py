@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.train.accel import has_fused_adamw
 from forge.train.settings import OptimSettings, ScheduleSettings
@@ -64,8 +65,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
 
 
-def carry_over(optimizer: torch.optim.Optimizer, saved: dict[str, Any], cfg: OptimSettings, where: str,
-               load: Callable[[dict[str, Any]], None] | None = None) -> None:
+def carry_over(optimizer: torch.optim.Optimizer, saved: StateDict, cfg: OptimSettings, where: str,
+               load: Callable[[StateDict], None] | None = None) -> None:
     """Start from a previous stage's optimizer moments (Adam's m and v and step counts), keeping
     this stage's hyper-parameters (lr, betas, eps, weight decay). `load(saved)` puts the whole-model
     state into the optimizer (default: its load_state_dict; a sharded optimizer scatters it)."""

@@ -13,7 +13,7 @@ session's model and optimizer are wrapped for the launch and which checkpointer 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -21,27 +21,31 @@ from forge.errors import ForgeError
 from forge.train import fsdp
 from forge.train.checkpointer import Checkpointer, FullCheckpointer, Process
 from forge.train.fsdp import Options, options
+from forge.train.settings import ParallelismSettings
 from forge.train.sharded import ShardedCheckpointer
+
+if TYPE_CHECKING:  # imported when a session opens, not with the module
+    from accelerate import Accelerator
 
 
 def _no_shard(model: torch.nn.Module, opts: Options, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def _ddp_prepare(accelerator: Any, model: torch.nn.Module,
+def _ddp_prepare(accelerator: Accelerator, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, optimizer
 
 
-def _as_is(accelerator: Any, model: torch.nn.Module,
+def _as_is(accelerator: Accelerator, model: torch.nn.Module,
            optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
 @dataclass(frozen=True)
 class Strategy:
-    prepare: Callable[[Any, torch.nn.Module, torch.optim.Optimizer], tuple[torch.nn.Module, torch.optim.Optimizer]]
+    prepare: Callable[[Accelerator, torch.nn.Module, torch.optim.Optimizer], tuple[torch.nn.Module, torch.optim.Optimizer]]
     checkpointer: Callable[[Process], Checkpointer]
     shard: Callable[[torch.nn.Module, Options, torch.device], torch.nn.Module] = _no_shard
     sharded: bool = False  # the weights are split over the ranks: every rank takes part in each forward
@@ -53,7 +57,7 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-def strategy(spec: Any, where: str = "parallelism.strategy") -> Strategy:
+def strategy(spec: ParallelismSettings | str, where: str = "parallelism.strategy") -> Strategy:
     """The strategy of a name or a `parallelism:` block."""
     name = options(spec).strategy
     if name not in STRATEGIES:
@@ -61,6 +65,6 @@ def strategy(spec: Any, where: str = "parallelism.strategy") -> Strategy:
     return STRATEGIES[name]
 
 
-def checkpointer(spec: Any, process: Process) -> Checkpointer:
+def checkpointer(spec: ParallelismSettings | str, process: Process) -> Checkpointer:
     """The checkpointer of a strategy, for work outside a session (souping, merge-back)."""
     return strategy(spec).checkpointer(process)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, ContextManager, Protocol
 
 import torch
 
@@ -16,10 +16,11 @@ if TYPE_CHECKING:  # imported when a session opens, not with the module
 
 from forge.data.packing import pad_token_id
 from forge.errors import ForgeError
+from forge.rundir import CHECKPOINTS, FINAL
 from forge.train import fsdp
 from forge.train.accel import new_accelerator
-from forge.train.checkpoint import split_state
-from forge.train.checkpointer import Checkpointer, FinalSave
+from forge.train.checkpoint import HfModel, split_state
+from forge.train.checkpointer import Checkpointer, Configure, FinalSave
 from forge.train.compiled import compile_layers
 from forge.train.fsdp import Options
 from forge.train.lora import wrap_lora
@@ -27,19 +28,25 @@ from forge.train.memory import PeakMemory
 from forge.train.meter import Flops
 from forge.train.optim import build_optimizer, build_scheduler, carry_over
 from forge.train.parallel import STRATEGIES, Strategy, strategy
-from forge.train.settings import LoraSettings, TrainSettings
+from forge.train.settings import LoraSettings, ParallelismSettings, TrainSettings
 from forge.train.state import TrainState
 
 
 class Place(Protocol):
     """Where a session starts and writes (forge.stages.result.StageInputs has these)."""
 
-    checkpoint: Path      # the input checkpoint
-    out_dir: Path         # stages/<name>: final/ and checkpoints/
-    resume: bool          # continue from the newest resume point in out_dir/checkpoints
-    run_id: str | None    # resume continues only checkpoints this run wrote
-    parallelism: Any      # the recipe's parallelism: block, or a strategy name (forge.train.parallel)
-    flops: Flops | None   # model FLOPs per token and the chip's peak (None: no MFU)
+    @property
+    def checkpoint(self) -> Path: ...     # the input checkpoint
+    @property
+    def out_dir(self) -> Path: ...        # stages/<name>: final/ and checkpoints/
+    @property
+    def resume(self) -> bool: ...         # continue from the newest resume point in out_dir/checkpoints
+    @property
+    def run_id(self) -> str | None: ...   # resume continues only checkpoints this run wrote
+    @property
+    def parallelism(self) -> ParallelismSettings | str: ...  # a strategy name stands for its defaults
+    @property
+    def flops(self) -> Flops | None: ...  # model FLOPs per token and the chip's peak (None: no MFU)
 
 
 @dataclass
@@ -90,11 +97,12 @@ class Session:
     def pad_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
-    def unwrapped(self) -> torch.nn.Module:
-        model: torch.nn.Module = self.accelerator.unwrap_model(self.model)
+    def unwrapped(self) -> HfModel:
+        """The model without the strategy's wrapper (DDP): the transformers model, or PEFT's around it."""
+        model: HfModel = self.accelerator.unwrap_model(self.model)
         return model
 
-    def frozen_input(self, path: Path | None = None) -> Any:
+    def frozen_input(self, path: Path | None = None) -> torch.nn.Module:
         """A frozen copy of the stage's input checkpoint (or of `path`) on this device (a reference
         model), sharded as the policy is."""
         model, _ = self.checkpoints.load_model(Path(path or self.place.checkpoint))
@@ -118,24 +126,29 @@ class Session:
     def save_resumable(self, state: TrainState) -> Path:
         """A `checkpoints/step-N` folder a later `--resume` continues from bitwise."""
         as_json, tensors = split_state(state.state_dict())
-        path = Path(self.place.out_dir) / "checkpoints" / f"step-{state.step:07d}"
+        path = Path(self.place.out_dir) / CHECKPOINTS / f"step-{state.step:07d}"
         return self.checkpoints.save_resumable(self.unwrapped(), self.tokenizer, path,
                                                {**as_json, "run_id": self.place.run_id, "training": tensors},
                                                self.settings.checkpoint.keep_last_n)
 
-    def save_final(self, state: TrainState, result: dict[str, Any], template: str | None = None) -> Path:
+    @property
+    def final_dir(self) -> Path:
+        """The stage's output folder (forge.rundir's layout: stages/NAME/final)."""
+        return Path(self.place.out_dir) / FINAL
+
+    def save_final(self, state: TrainState, result: dict[str, object], template: str | None = None) -> Path:
         """The stage's output `final/`: weights (LoRA merged, or the adapter with `lora.merge: false`),
         the tokenizer with the chat template, the resume state and the stage result."""
         if template is not None:
             self.tokenizer.chat_template = template
         as_json, tensors = split_state(state.state_dict())
         keep = tensors if self.settings.checkpoint.final_optimizer else None
-        path = Path(self.place.out_dir) / "final"
+        path = self.final_dir
         return self.checkpoints.save_final(self.unwrapped(), self.tokenizer, path, {**as_json, "result": result},
                                            FinalSave(keep, self.lora, Path(self.place.checkpoint)))
 
 
-def open_session(settings: TrainSettings, place: Place, configure: Callable[[Any], Any] | None = None,
+def open_session(settings: TrainSettings, place: Place, configure: Configure | None = None,
                  lora: LoraSettings | None = None) -> Session:
     """Set up a stage: accelerator and seed, the model (from the newest resumable checkpoint in
     `out_dir/checkpoints` when resuming), LoRA adapters (`lora`: only they train), the optimizer
@@ -150,7 +163,7 @@ def open_session(settings: TrainSettings, place: Place, configure: Callable[[Any
     checkpoints = plan.checkpointer(accelerator)
     set_seed(settings.seed)
     memory = PeakMemory(accelerator.device)
-    folder = Path(place.out_dir) / "checkpoints"
+    folder = Path(place.out_dir) / CHECKPOINTS
     resume_from = checkpoints.latest(folder, place.run_id) if place.resume else None
     if resume_from is None:
         checkpoints.clear(folder)

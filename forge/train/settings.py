@@ -1,7 +1,8 @@
 """What the training core reads of a stage's settings, as Protocols. The recipe's settings classes
-(forge.recipe.settings) satisfy them, and mypy checks that they do where forge.stages hands a stage
-to `open_session`; the core itself never imports the recipe (tests/test_layering.py). Members are
-read-only properties, so a recipe class may narrow a type (a Literal for a str)."""
+(forge.recipe.settings) satisfy them, and mypy checks that they do (tests/typecheck/recipe_settings.py,
+and where forge.stages hands a stage to `open_session`); the core itself never imports the recipe
+(tests/test_layering.py). Members are read-only properties, so a recipe class may narrow a type (a
+Literal for a str)."""
 from __future__ import annotations
 
 from typing import Protocol, Sequence
@@ -116,3 +117,33 @@ class TrainSettings(Protocol):
     def guard(self) -> GuardSettings: ...
 
     def total_steps(self, world_size: int = 1) -> int: ...
+
+
+class ParallelismSettings(Protocol):
+    """The recipe's `parallelism:` block (a strategy name alone stands for its defaults)."""
+
+    @property
+    def strategy(self) -> str: ...        # ddp, fsdp
+    @property
+    def sharding(self) -> str: ...        # full, hybrid
+    @property
+    def mixed_precision(self) -> str: ...  # none, bf16
+    @property
+    def activation_checkpointing(self) -> bool: ...
+    @property
+    def cpu_offload(self) -> bool: ...
+
+
+class RopeScalingSettings(Protocol):
+    """The `context.rope_scaling:` block: its `type` and the parameters transformers reads for it."""
+
+    def model_dump(self) -> dict[str, object]: ...
+
+
+class ContextSettings(Protocol):
+    """A midtrain stage's `context:` block (context extension)."""
+
+    @property
+    def rope_theta(self) -> float | None: ...
+    @property
+    def rope_scaling(self) -> RopeScalingSettings | None: ...

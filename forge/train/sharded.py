@@ -16,15 +16,21 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
 from forge.files import atomic_dir
 from forge.scrub import first_line
 from forge.train import checkpoint as files, fsdp
-from forge.train.checkpointer import FinalSave, FullCheckpointer, Process
+from forge.train.checkpoint import HfModel
+from forge.train.checkpointer import Configure, FinalSave, FullCheckpointer, Process
+
+if TYPE_CHECKING:  # the libraries load with a checkpoint, not with the module
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
 
 SHARDS = "dcp"  # the DCP folder inside a sharded resume point
 
@@ -54,7 +60,8 @@ class ShardedCheckpointer:
             raise RuntimeError("ShardedCheckpointer: bind(model, optimizer) first")
         return self.model, self.optimizer
 
-    def load_model(self, path: Path, configure: Callable[[Any], Any] | None = None) -> tuple[Any, Any]:
+    def load_model(self, path: Path,
+                   configure: Configure | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
         return self.full.load_model(path, configure)
 
     def weights(self, resume_from: Path | None, start: Path) -> Path:
@@ -69,7 +76,7 @@ class ShardedCheckpointer:
                              "parallelism.strategy=ddp, or start the stage over (forge run --restart)")
         return path
 
-    def load_state(self, path: Path) -> dict[str, Any]:
+    def load_state(self, path: Path) -> StateDict:
         """The saved TrainState without its optimizer, which is loaded here with the model from the
         shards (resharded by DCP when the world size changed); this rank's RNG."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -82,7 +89,7 @@ class ShardedCheckpointer:
             print(f"forge: warning: {path} was written by {saved} processes, resuming on {world}: the model and "
                   "optimizer shards are resharded (the run continues, but not bitwise)", file=sys.stderr)
         msd, osd = get_state_dict(fsdp.resharded(model), optimizer)
-        shards: dict[str, Any] = {"model": msd, "optimizer": osd}
+        shards: StateDict = {"model": msd, "optimizer": osd}
         try:
             dcp_load(shards, checkpoint_id=str(path / SHARDS))
         except Exception as e:  # DCP raises its CheckpointException (and others) for what it cannot reshard
@@ -94,7 +101,7 @@ class ShardedCheckpointer:
         state.pop("optimizer", None)
         return state
 
-    def load_optimizer(self, path: Path) -> dict[str, Any] | None:
+    def load_optimizer(self, path: Path) -> StateDict | None:
         return self.full.load_optimizer(path)
 
     def clear(self, folder: Path) -> None:
@@ -121,17 +128,17 @@ class ShardedCheckpointer:
                              "(earlier checkpoints are intact; free space or fix the folder, then --resume)") from None
         p.wait_for_everyone()  # renamed
 
-    def save_resumable(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save_resumable(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                        keep_last: int | None) -> Path:
         from torch.distributed.checkpoint.state_dict import get_state_dict
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-        model, optimizer = self._bound()
+        sharded, optimizer = self._bound()  # the shards are the bound model's
         training = state["training"]
         json_part = {**{k: v for k, v in state.items() if k != "training"}, "world": _world(), "strategy": "fsdp"}
 
         def shards(tmp: Path) -> None:
-            msd, osd = get_state_dict(fsdp.resharded(model), optimizer)
+            msd, osd = get_state_dict(fsdp.resharded(sharded), optimizer)
             dcp_save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp / SHARDS))
             torch.save(training["rng"], tmp / f"rng-{_rank()}.pt")
 
@@ -145,7 +152,7 @@ class ShardedCheckpointer:
         self.process.wait_for_everyone()
         return Path(path)
 
-    def _plain(self, model: torch.nn.Module) -> Any:
+    def _plain(self, model: HfModel) -> HfModel:
         """Rank 0: an unsharded copy of the model with the trained weights; other ranks: the model itself
         (a collective: every rank calls it)."""
         state = fsdp.full_model_state(model)
@@ -153,15 +160,13 @@ class ShardedCheckpointer:
             return model
         from transformers import AutoModelForCausalLM
 
-        hf: Any = fsdp.hf_model(model)
-        auto: Any = AutoModelForCausalLM  # from_config is untyped
-        plain: Any = auto.from_config(hf.config, dtype=torch.float32)
+        hf = fsdp.hf_model(model)
+        plain: HfModel = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32)  # type: ignore[no-untyped-call]
         plain.generation_config = hf.generation_config
-        peft: Any = model
-        if hasattr(peft, "peft_config"):
+        if hasattr(model, "peft_config"):  # adapters train (forge.train.lora): the copy gets the same ones
             from peft import get_peft_model
 
-            plain = get_peft_model(plain, peft.peft_config["default"])
+            plain = get_peft_model(plain, cast("PeftModel", model).peft_config["default"])
         missing, unexpected = plain.load_state_dict(state, strict=False)
         tied = {k for k in missing if "lm_head" in k and getattr(hf.config, "tie_word_embeddings", False)}
         if set(missing) - tied or unexpected:
@@ -169,11 +174,11 @@ class ShardedCheckpointer:
                              f"unexpected {sorted(unexpected)[:5]}")
         return plain.eval()
 
-    def save(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
-             training: dict[str, Any] | None = None) -> Path:
+    def save(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
+             training: StateDict | None = None) -> Path:
         return self.full.save(self._plain(model), tokenizer, path, state, training)
 
-    def save_final(self, model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any],
+    def save_final(self, model: HfModel, tokenizer: PreTrainedTokenizerBase, path: Path, state: StateDict,
                    final: FinalSave) -> Path:
         """The stage's output: a Hugging Face folder, gathered once, written by rank 0 (as a data-parallel
         stage writes it: LoRA merged or as an adapter; the optimizer state whole, by index)."""

@@ -6,11 +6,12 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Callable
 
 from forge.errors import ForgeError
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+Handler = Callable[[int, FrameType | None], object] | int | None  # a function, SIG_DFL or SIG_IGN, or None
 
 
 class StopRequested(ForgeError):
@@ -29,7 +30,7 @@ class GracefulStop:
 
     def __init__(self, announce: Callable[[str], object] = lambda msg: print(msg, file=sys.stderr, flush=True)):
         self.requested, self._announce = False, announce
-        self._previous: dict[int, Any] = {}  # signal: the handler it had (signal.signal's answer)
+        self._previous: dict[int, Handler] = {}  # signal: the handler it had (signal.signal's answer)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:  # the second signal: at once, the way the process would have stopped

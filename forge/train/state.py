@@ -5,29 +5,31 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import numpy as np
 import torch
+from torch.optim.optimizer import StateDict  # torch's type of a state_dict: values of every kind, read by key
 
 
 class Resumable(Protocol):
     """Part of the resume state: a task's data stream (its position), the divergence guard (its window)."""
 
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def state_dict(self) -> StateDict: ...
+    def load_state_dict(self, state: StateDict) -> None: ...
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> StateDict:
     """RNG states as plain types and tensors (loadable with torch.load(weights_only=True))."""
     # the global generator is MT19937: its legacy state tuple (numpy's stubs give the first overload, a dict)
-    legacy = cast("tuple[str, np.ndarray[Any, Any], int, int, float]", np.random.get_state())
+    legacy = cast("tuple[str, np.ndarray[tuple[int], np.dtype[np.uint32]], int, int, float]",
+                  np.random.get_state())
     name, keys, pos, has_gauss, cached = legacy
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: StateDict) -> None:
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -43,15 +45,15 @@ class TrainState:
     guard: Resumable | None = None
     step: int = 0             # optimizer steps done
     tokens: int = 0           # tokens trained on (all ranks)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the stage's figures so far (ints among them)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         return {"step": self.step, "tokens": self.tokens, "metrics": dict(self.metrics),
                 "data": self.data.state_dict(), "guard": self.guard.state_dict() if self.guard else None,
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.step, self.tokens, self.metrics = state["step"], state.get("tokens", 0), dict(state["metrics"])
         self.data.load_state_dict(state["data"])
         if self.guard is not None and state.get("guard"):

@@ -13,9 +13,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypeVar
 
 import torch
+from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
 from forge.train import fsdp
@@ -24,6 +25,8 @@ from forge.train.session import Session
 from forge.train.settings import GuardSettings
 
 Record = tuple[str, int]  # (data source, record number): a record a batch holds
+# a micro-batch: a block of token ids (pretraining), or named tensors (input_ids, labels, ...)
+B = TypeVar("B", torch.Tensor, dict[str, torch.Tensor])
 SHOWN = 5  # records a guard message names; the rest are counted (all are in the run's guard/step-N.txt)
 
 
@@ -126,17 +129,17 @@ class DivergenceGuard:
     def accept(self, loss: float) -> None:
         self.recent.append(loss)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         self.settle()  # a resume point holds only judged steps
         return {"recent": list(self.recent), "skipped": self.skipped}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.recent.clear()
         self.recent.extend(state["recent"])
         self.skipped = state["skipped"]
 
 
-def _no_sync(session: Session) -> Any:
+def _no_sync(session: Session) -> contextlib.AbstractContextManager[None]:
     """No gradient reduction on a step's micro-batches before its last (DDP's no_sync, FSDP2's flag)."""
     model = session.model
     return fsdp.no_sync(model) if fsdp.is_sharded(model) else session.accelerator.no_sync(model)
@@ -151,11 +154,11 @@ def _clip(session: Session, max_norm: float) -> torch.Tensor:
     return norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
 
 
-def _to(batch: Any, device: torch.device) -> Any:
+def _to(batch: B, device: torch.device) -> B:
     return batch.to(device) if isinstance(batch, torch.Tensor) else {k: v.to(device) for k, v in batch.items()}
 
 
-def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn.Module, Any], Any],
+def train_step(session: Session, batches: list[B], loss_fn: Callable[[torch.nn.Module, B], torch.Tensor | Loss],
                guard: DivergenceGuard, step: int) -> StepResult:
     """Accumulate `batches` (this rank's micro-batches), all-reduce, guard, clip, step. `loss_fn`
     returns a micro-batch's mean loss, or a `Loss` with the kind's statistics. Nothing is read to the
@@ -165,8 +168,8 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
     world = acc.num_processes
     batches = [_to(b, acc.device) for b in batches]
     counts = [target_count(b) for b in batches]  # ints for blocks of token ids, else 0-d tensors
-    local: Any = sum(counts)
-    total = local if world == 1 else acc.reduce(torch.as_tensor(local, device=acc.device), "sum")
+    local: int | torch.Tensor = sum(counts)
+    total: int | torch.Tensor = local if world == 1 else acc.reduce(torch.as_tensor(local, device=acc.device), "sum")
     share = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)  # 0 targets: a zero loss
     step_loss = torch.zeros((), device=acc.device)
     sums: dict[str, torch.Tensor] = {}
@@ -183,12 +186,20 @@ def train_step(session: Session, batches: list[Any], loss_fn: Callable[[torch.nn
             sums[k] = sums.get(k, 0) + torch.as_tensor(v).detach().to(acc.device, torch.float32) * n
     if world > 1:  # every rank sees the same loss, so the guard decides alike
         step_loss = acc.reduce(step_loss, "sum") / world
+    return apply_update(session, guard, step, step_loss, total, sums)
+
+
+def apply_update(session: Session, guard: DivergenceGuard, step: int, step_loss: torch.Tensor,
+                 total: int | torch.Tensor, sums: dict[str, torch.Tensor] | None = None) -> StepResult:
+    """The second half of a step, once the gradients are accumulated: guard, clip, optimizer and
+    schedule step, gradients cleared. Callers that take the backward passes themselves (forge serve,
+    one per forward_backward call) end their step here, so every step ends the same way."""
     clip = session.settings.optim.grad_clip
     lr = float(session.scheduler.get_last_lr()[0])  # a python float: the optimizer takes no tensor lr
     skipped, grad_norm = _guarded_update(session, guard, step, (step_loss, clip if clip else float("inf")))
     session.scheduler.step()
     session.optimizer.zero_grad(set_to_none=True)
-    return StepResult(step_loss, grad_norm, lr, torch.as_tensor(total), skipped, sums)
+    return StepResult(step_loss, grad_norm, lr, torch.as_tensor(total), skipped, sums or {})
 
 
 def _guarded_update(session: Session, guard: DivergenceGuard, step: int,

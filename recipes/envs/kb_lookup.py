@@ -1,4 +1,4 @@
-"""An agentic RFT environment on the quickstart's knowledge base (forge/data/kb.py): asked about a
+"""An agentic RFT environment on the quickstart's knowledge base (forge/gen/kb.py): asked about a
 product's attribute, the policy must call the tool `lookup(product, attribute)` and answer with the
 value it returns. Reward: 1 for an answer that is the value; otherwise partial credit for the
 best lookup made: 0.4 for the right attribute, 0.2 for the right product (dense enough for a tiny
@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge.data.kb import build, phrasings
 from forge.data.mixing import in_holdout
+from forge.gen.kb import build, phrasings
 
 ATTRIBUTES = ("price", "weight", "warranty", "battery", "factory", "launched")
 SYSTEM = "Call lookup(product, attribute) to read a fact; attributes: " + ", ".join(ATTRIBUTES) + "."

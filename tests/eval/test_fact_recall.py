@@ -78,17 +78,16 @@ def test_split_filter_and_limit_per_split(taught, tmp_path):
     sources = {"kb": resolve_source("kb", DataSource(path=str(_eval_source(tmp_path)), holdout=0.0), tmp_path)}
     suite = EvalBlock(domain=[], general=[], seq_len=32, separator="eos",
                       fact_recall={"source": "kb", "split_field": "split", "split": "train", "chat": True, "limit": 2})
-    from forge.eval.suite import qa_pairs
+    from forge.eval.builtin import qa_pairs
 
-    groups = qa_pairs(suite, sources)
+    groups = qa_pairs(suite.fact_recall, sources)
     assert list(groups) == ["fact_recall.train"] and [q for q, _ in groups["fact_recall.train"]] == \
         [FACTS[0][0], FACTS[1][0]]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "a", "split": "no good!"}) + "\n")
     sources = {"kb": resolve_source("kb", DataSource(path=str(bad), holdout=0.0), tmp_path)}
     with pytest.raises(ForgeError, match=r"bad.jsonl:line 1: eval.fact_recall.split_field 'split'"):
-        qa_pairs(suite.model_copy(update={"fact_recall": suite.fact_recall.model_copy(update={"split": "all"})}),
-                 sources)
+        qa_pairs(suite.fact_recall.model_copy(update={"split": "all"}), sources)
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.data import harvest
 from forge.data.mixing import in_holdout
 from forge.errors import ForgeError
+from forge.gen import harvest
 
 pytestmark = pytest.mark.slow  # builds forge-tiny's family (a module fixture) and checks it
 

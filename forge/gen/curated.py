@@ -1,7 +1,7 @@
 """forge-tiny's curated sets as JSONL files (`generate: {kind: harvest_NAME}` in a recipe): general,
-highquality and long text from the harvest (forge.data.harvest) and forge's stories; skills (the
+highquality and long text from the harvest (forge.gen.harvest) and forge's stories; skills (the
 instruction tasks as text in the chat format), instructions and preferences from
-forge.data.instructions.
+forge.gen.instructions.
 
 Every record is held out or not by its unit (a module, a story, a task's arguments), the same unit in
 every set; the file puts the held-out records exactly at the record numbers that forge's stable
@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from forge.data import harvest
-from forge.data.mixing import in_holdout
+from forge.data.mixing import aligned
+from forge.gen import harvest
 
 SETS = ("general", "highquality", "long", "skills", "instructions", "preferences")
 HOLDOUT = 0.05          # the sets' held-out fraction (a recipe's data.NAME.holdout must say the same)
@@ -27,8 +27,8 @@ STORY_SHARE = 8         # general: one generated story per this many records
 def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT, stories: Stories | None = None
             ) -> harvest.Flagged:
     """The set's records, each with whether it is held out, at most `documents` of them; `general`
-    mixes in `stories(count, seed)` (forge.data.generate's), one record in STORY_SHARE."""
-    from forge.data import instructions
+    mixes in `stories(count, seed)` (forge.gen.generate's), one record in STORY_SHARE."""
+    from forge.gen import instructions
 
     docs = harvest.harvest()
     if name == "general":
@@ -43,29 +43,6 @@ def records(name: str, documents: int, seed: int, holdout: float = HOLDOUT, stor
     else:
         raise ValueError(f"unknown curated set {name!r}; expected one of {list(SETS)}")
     return flagged[:documents]
-
-
-def aligned(flagged: harvest.Flagged, source: str, holdout: float) -> list[dict]:
-    """The records ordered so that record number n (from 1) is a held-out one exactly when
-    in_holdout(source, n, holdout): the training records fill the other numbers in their order, the
-    held-out ones the held-out numbers (starting over if they run out: the split's share is the
-    hash's, the units' share only near it); it ends with the last training record."""
-    train = [r for r, held in flagged if not held]
-    held = [r for r, h in flagged if h]
-    out: list[dict] = []
-    i = j = 0
-    n = 0
-    while i < len(train):
-        n += 1
-        if in_holdout(source, n, holdout) and held:
-            out.append(held[j % len(held)])
-            j += 1
-        elif in_holdout(source, n, holdout):
-            break  # nothing held out to put here (a tiny set): end before a training record could
-        else:
-            out.append(train[i])
-            i += 1
-    return out
 
 
 def write_curated(name: str, documents: int, seed: int, path: Path, stories: Stories | None = None,

@@ -1,5 +1,5 @@
-"""The harvest (forge/data/harvest.py) reads docstring prose by parsing files, never importing them,
-deterministically; the curated sets (forge/data/curated.py) put held-out records exactly where
+"""The harvest (forge/gen/harvest.py) reads docstring prose by parsing files, never importing them,
+deterministically; the curated sets (forge/gen/curated.py) put held-out records exactly where
 forge's stable split holds out, and hold the same units out in every set."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.data import curated, harvest
-from forge.data.instructions import generate, pools
-from forge.data.mixing import in_holdout
+from forge.data.mixing import aligned, in_holdout
+from forge.gen import curated, harvest
+from forge.gen.instructions import generate, pools
 
 BOOM = '''"""A module that must never run: it leaves a marker file when imported.
 
@@ -107,7 +107,7 @@ def test_curated_files_are_byte_identical_twice(tmp_path, monkeypatch):
 
 def test_held_out_records_sit_where_the_split_holds_out():
     flagged = [({"text": f"doc {i}"}, harvest.held_out(f"u{i}", 0.1)) for i in range(2000)]
-    rows = curated.aligned(flagged, "general", 0.1)
+    rows = aligned(flagged, "general", 0.1)
     held = {r["text"] for r, h in flagged if h}
     for n, row in enumerate(rows, start=1):
         assert (row["text"] in held) == in_holdout("general", n, 0.1), n
@@ -134,7 +134,7 @@ def test_instruction_tasks_answer_from_their_prompt():
 
 CORPUS = """import hashlib, sys
 from pathlib import Path
-from forge.data import curated, generate
+from forge.gen import curated, generate
 out = Path(sys.argv[1])
 for name, n in (("general", 300), ("long", 40), ("instructions", 200)):
     path = curated.write_curated(name, n, 0, out / f"{name}.jsonl", stories=generate.stories)

@@ -66,12 +66,12 @@ def stories(documents: int, seed: int) -> list[str]:
 def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
     """Write `documents` generated documents of `kind` (stories | facts) as JSONL (atomically;
     reused if already written)."""
-    if kind.startswith("kb_"):  # the knowledge base's documents, QA records and eval set (forge/data/kb.py)
-        from forge.data.kb import write_kb
+    if kind.startswith("kb_"):  # the knowledge base's documents, QA records and eval set (forge/gen/kb.py)
+        from forge.gen.kb import write_kb
 
         return write_kb(kind, documents, seed, path)
-    if kind.startswith("harvest_"):  # forge-tiny's curated sets (forge/data/curated.py)
-        from forge.data.curated import write_curated
+    if kind.startswith("harvest_"):  # forge-tiny's curated sets (forge/gen/curated.py)
+        from forge.gen.curated import write_curated
 
         return write_curated(kind.removeprefix("harvest_"), documents, seed, path, stories=stories)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 products (look-alike names with different values), specifications, prices that depend on tier and
 region, policies and support answers; written as paraphrase-augmented documents (continued
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
-a training phrasing and once in a held-out one (forge/data/kb_phrasings.yaml holds the phrasings).
+a training phrasing and once in a held-out one (forge/gen/kb_phrasings.yaml holds the phrasings).
 A third of the product lines are document-only: their facts are in the documents and in no question
 of any training set, so the evaluation's `doconly` split asks what only continued pretraining taught.
 

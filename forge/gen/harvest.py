@@ -2,7 +2,7 @@
 standard library, harvested at build time by parsing its source files with `ast` and `tokenize`
 (never importing them: a module such as `antigravity` acts when imported), deterministically (files
 in sorted order, fixed caps). Nothing else installed is read, so a checkout with more packages builds
-the same text. forge.data.instructions and the forge-tiny foundation build on it.
+the same text. forge.gen.instructions and the forge-tiny foundation build on it.
 """
 from __future__ import annotations
 

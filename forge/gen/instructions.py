@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from forge.data.harvest import Doc, held_out, sentences
+from forge.gen.harvest import Doc, held_out, sentences
 
 EOS = "</s>"  # the scratch tokenizer's end of turn (forge.scratch), as DEFAULT_CHAT_TEMPLATE renders it
 Record = dict  # a JSONL record: {"messages": [...], "task": ...} or {"prompt", "chosen", "rejected", "task"}
@@ -64,7 +64,7 @@ class Pools:
 
 def pools(docs: list[Doc], holdout: float) -> Pools:
     """Sentences, words, 'returns' facts and 'provides' facts from the harvest; a doc's arguments are
-    held out when its module is (forge.data.harvest.held_out), so held-out prompts are new."""
+    held out when its module is (forge.gen.harvest.held_out), so held-out prompts are new."""
     sents: tuple[list, list] = ([], [])
     rets: tuple[list, list] = ([], [])
     mods: tuple[list, list] = ([], [])

@@ -1,4 +1,4 @@
-"""The synthetic knowledge base (forge/data/kb.py): deterministic from its seed, at least 200 facts,
+"""The synthetic knowledge base (forge/gen/kb.py): deterministic from its seed, at least 200 facts,
 look-alike distractors, tier-and-region prices stated in the documents, and held-out questions
 (and their templates' frames) that never occur in any training text."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from fractions import Fraction
 import pytest
 import yaml
 
-from forge.data import kb
-from forge.data.generate import write_generated
+from forge.gen import kb
+from forge.gen.generate import write_generated
 from forge_testing import REPO
 
 
