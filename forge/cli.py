@@ -304,7 +304,9 @@ LAZY = {"plan": ("forge.plan.command",
         "data": ("forge.data.check_command", "check a data file against a record format (bedrock, openai, openai_rft, ...)"),
         "reward": ("forge.lm.reward_command", "verify a reward source (a Nova Lambda too) on sample rows"),
         "launch": ("forge.launch.command",
-                   "write a torchrun, Slurm, Kubernetes or SageMaker job that runs a recipe in the plan's layout")}
+                   "write a torchrun, Slurm, Kubernetes or SageMaker job that runs a recipe in the plan's layout"),
+        "serve": ("forge.serve.command", "serve the Tinker training API (LoRA, forward_backward, optim_step) "
+                  "to the official Tinker SDK")}
 
 
 def _add_recipe_commands(sub) -> None:

@@ -27,6 +27,7 @@ QUICK = {
     "bench_plan.py": ([], [], False),
     "bench_data.py": (["--workers", "1,2", "--quick"], [], False),  # runs bench_workers.py
     "bench_memory.py": (["--quick"], [], False),
+    "bench_serve.py": (["--quick"], ["forge's SFT step (in-process)", "Tinker API (SDK -> forge serve)"], False),
     "bench_omp.py": (["--quick"], ["libgomp default (spin 300,000), idle", "GOMP_SPINCOUNT=3000 (forge), idle",
                                    "OMP_WAIT_POLICY=PASSIVE (never spin), a busy loop on one core"], False),
 }

@@ -26,9 +26,10 @@ MIDDLE = {"forge.train", "forge.data", "forge.gen", "forge.lm", "forge.eval", "f
           "forge.export", "forge.inputs", "forge.scratch", "forge.quiet", "forge.ui", "forge.advice", "forge.pipeline"}
 
 IMPORT_MAP: dict[str, set[str]] = {
-    "forge.cli": MIDDLE | SCHEMA | LEAVES,  # never pipelines: it loads one by name
+    "forge.cli": MIDDLE | SCHEMA | LEAVES | {"forge.serve"},  # never pipelines: it loads one by name
     "pipelines": {"forge.stages"} | MIDDLE | SCHEMA | LEAVES,
     "forge.stages": MIDDLE | SCHEMA | LEAVES,
+    "forge.serve": {"forge.train", "forge.track"} | SCHEMA | LEAVES,  # `forge serve`: the Tinker API over forge.train
     # the middle layer: each lists the units of that layer it builds on
     "forge.data": LEAVES,                                  # never the recipe: forge.inputs adapts it
     "forge.gen": {"forge.data"} | LEAVES,                  # generate: sources (the stable split); never the recipe
@@ -67,7 +68,7 @@ IMPORT_MAP: dict[str, set[str]] = {
 NO_RECIPE = ("forge.data", "forge.gen", "forge.train")  # not even the recipe's settings modules
 
 # `mypy --strict` runs on these folders (add forge/train, forge/stages, ... as they are typed)
-TYPED = ["forge/track", "forge/train", "forge/stages", "forge/lm", "forge/pipeline.py"]
+TYPED = ["forge/track", "forge/train", "forge/stages", "forge/lm", "forge/pipeline.py", "forge/serve"]
 
 
 def _modules() -> dict[str, Path]:
