@@ -18,7 +18,7 @@ from servers import ROOT
 from serving import KEY, OTHER_KEY, config, datum, max_difference, serving, sft_tokens, trainable
 
 tinker = pytest.importorskip("tinker")
-checkpoint_utils = pytest.importorskip("tinker_cookbook.checkpoint_utils")  # .ci/run installs tinker-cookbook (without its dependencies)
+checkpoint_utils = pytest.importorskip("tinker_cookbook.checkpoint_utils")  # .ci/run installs it
 STEPS, LR = 3, 1e-2
 
 
