@@ -4,11 +4,12 @@ on idle cores and with a busy loop holding one core (a shared machine, tests bes
 
     python bench/bench_omp.py [--steps 30] [--repeats 3] [--quick]
 
-Each setting runs in a fresh process (libgomp reads the variables once, when torch loads): a
-training step (forward, backward, AdamW) of a Llama shaped like forge-tiny (hidden 128, 4 layers,
-4 heads, 2 KV heads, vocab 4096) at batch 4 x 256, random weights and tokens; the median of
-`--repeats` rounds, the settings' order rotating. `--quick` (CI): hidden 32, 2 layers, batch 2 x 64,
-3 steps, one round.
+Each setting runs in a fresh process (libgomp reads the variables once, when torch loads), which
+times the step on idle cores, then starts the busy loop and times it again (one process a setting:
+loading torch and transformers costs more than the steps): a training step (forward, backward,
+AdamW) of a Llama shaped like forge-tiny (hidden 128, 4 layers, 4 heads, 2 KV heads, vocab 4096)
+at batch 4 x 256, random weights and tokens; the median of `--repeats` rounds, the settings' order
+rotating. `--quick` (CI): hidden 32, 2 layers, batch 2 x 64, 3 steps, one round.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ FORGE = "GOMP_SPINCOUNT=3000 (forge)"
 
 
 def child(shape: dict) -> None:
-    """One setting's measurement, in this fresh process: ms a step, printed as JSON."""
+    """One setting's measurements, in this fresh process: ms a step on idle cores, then with a busy
+    loop holding one core, printed as JSON."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -46,21 +48,31 @@ def child(shape: dict) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
-        step()
-    start = time.perf_counter()
-    for _ in range(shape["steps"]):
-        step()
-    print(json.dumps({"ms": (time.perf_counter() - start) / shape["steps"] * 1000}))
+    def timed() -> float:
+        for _ in range(2):  # warm-up, and the busy loop settled on its core
+            step()
+        start = time.perf_counter()
+        for _ in range(shape["steps"]):
+            step()
+        return (time.perf_counter() - start) / shape["steps"] * 1000
+
+    idle = timed()
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = timed()
+    finally:
+        hog.kill()
+        hog.wait()
+    print(json.dumps({"idle": idle, "busy": busy}))
 
 
-def measure(extra: dict, shape: dict) -> float:
+def measure(extra: dict, shape: dict) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(shape)], env={**env, **extra},
                           capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
+    return {k: float(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def main() -> None:
@@ -81,22 +93,16 @@ def main() -> None:
 
     rows = []
     names = list(SETTINGS)
-    for busy in (False, True):
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-        try:
-            got: dict[str, list[float]] = {n: [] for n in names}
-            for r in range(args.repeats):
-                for name in names[r % len(names):] + names[:r % len(names)]:
-                    got[name].append(measure(SETTINGS[name], shape))
-        finally:
-            if hog is not None:
-                hog.kill()
-                hog.wait()
-        where = "a busy loop on one core" if busy else "idle"
-        ours = statistics.median(got[FORGE])
-        print(f"{where}: " + ", ".join(f"{n} {statistics.median(v):.1f} ms" for n, v in got.items()))
+    got = {cond: {n: [] for n in names} for cond in ("idle", "busy")}
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for cond, ms in measure(SETTINGS[name], shape).items():
+                got[cond][name].append(ms)
+    for cond, where in (("idle", "idle"), ("busy", "a busy loop on one core")):
+        ours = statistics.median(got[cond][FORGE])
+        print(f"{where}: " + ", ".join(f"{n} {statistics.median(v):.1f} ms" for n, v in got[cond].items()))
         rows += [[f"{name}, {where}", statistics.median(v), statistics.median(v) / ours, runs(v, "{:.1f}")]
-                 for name, v in got.items()]
+                 for name, v in got[cond].items()]
     print(f"training step: hidden {shape['hidden']}, {shape['layers']} layers, batch {shape['batch']} x "
           f"{shape['seq_len']}, {shape['steps']} steps, median of {args.repeats}")
     print(machine_line())

@@ -1,6 +1,7 @@
 """FSDP2 on two gloo processes (torchrun): pretraining, SFT and DPO losses (and DPO's margins) step
-by step equal one process with the same global batch, as DDP's do; LoRA SFT, DPO with a live
-reference and RFT (sharded generation, a sharded KL reference) run to plain Hugging Face outputs;
+by step equal one process with the same global batch, as DDP's do (and DDP's held-out figures,
+token counts and weights too; its RFT generates and scores on both ranks and logs once); LoRA SFT,
+DPO with a live reference and RFT (sharded generation, a sharded KL reference) run to plain Hugging Face outputs;
 a run that crashes mid-stage resumes from its DCP shards bitwise (and, resharded, on one process); two one-process "nodes" (a c10d
 rendezvous on 127.0.0.1, hybrid sharding) equal the two-process run."""
 from __future__ import annotations
@@ -44,6 +45,14 @@ def stages(per_rank: int) -> list[dict]:
          "optim": {"lr": 1e-3}, "schedule": {"kind": "constant"}, "eval": {"max_blocks": 1}, **common,
          "seq_len": 64},
     ]
+
+
+def rft(per_rank: int) -> dict:
+    """RFT with `per_rank` prompts per process and step, each answered `group` times."""
+    return {"name": "rft", "kind": "rft", "data": ["p"], "max_steps": 2, "batch_size": per_rank, "group": 4,
+            "max_new_tokens": 6, "kl_beta": 0.01, "rewards": [{"source": f"{REWARD}:e_share"}], "optim": {"lr": 1e-3},
+            "samples": {"every": 2, "prompts": 1}, "seq_len": 64, "schedule": {"kind": "constant"}, "log_every": 1,
+            "checkpoint": {"final_optimizer": False}}
 
 
 def sharded_only() -> list[dict]:
@@ -109,11 +118,11 @@ def runs(tmp_path_factory, tiny_checkpoint) -> dict:
     write_qa(data / "qa.jsonl")
     write_pairs(data / "prefs.jsonl")
     (data / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n"
-                                                for i in range(4)))
+                                                for i in range(8)))
     base = {"checkpoint": str(tiny_checkpoint), "data": str(data), "generated": str(tiny_checkpoint.parent)}
     outs = {name: root / name for name in ("one", "ddp", "fsdp")}
     launch({**base, "stages": stages(2) + sharded_only(), "parallelism": {"strategy": "fsdp"}, "out": str(outs["fsdp"])})
-    launch({**base, "stages": stages(2), "parallelism": "ddp", "out": str(outs["ddp"])})
+    launch({**base, "stages": stages(2) + [rft(2)], "parallelism": "ddp", "out": str(outs["ddp"])})
     from dist_stages import main  # the same global batch in this one process: 4 per step instead of 2 on each of 2
     main(json.dumps({**base, "stages": stages(4), "parallelism": "ddp", "out": str(outs["one"])}))
     return {**outs, "base": base, "root": root}
@@ -169,6 +178,30 @@ def test_fsdp_and_ddp_on_two_processes_equal_one_process_step_by_step(runs, stag
                    for i in one["state"] for m in ("exp_avg", "exp_avg_sq"))
         FIGURES["fsdp vs one process, cpt final AdamW moments"] = diff
         assert diff < TOL
+
+
+@pytest.mark.slow
+def test_ddp_post_training_ends_where_one_process_ends_and_rft_logs_once(runs, tiny_checkpoint):
+    """Under DDP, SFT and DPO end with one process's held-out figures, token counts (every rank's,
+    counted once) and weights; DPO's logged batch statistics cover both ranks' pairs; RFT generates
+    and scores on both ranks and rank 0 alone logs its rows and sample table."""
+    base = weights(tiny_checkpoint)
+    for name in ("sft", "dpo"):
+        two, one = logged(runs["ddp"], name)["result"], logged(runs["one"], name)["result"]
+        for key in [k for k in ("loss", "eval_loss", "eval_rewards/margin", "eval_rewards/accuracy") if k in one]:
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-5), (name, key)
+        assert two["tokens"] == one["tokens"], name
+        ours, theirs = weights(runs["ddp"] / name / "final"), weights(runs["one"] / name / "final")
+        assert max((ours[k] - theirs[k]).abs().max().item() for k in theirs) < 1e-4, name
+        assert any(not torch.equal(ours[k], base[k]) for k in base), name  # it trained
+    margins = [[r["rewards/margin"] for r in logged(runs[w], "dpo")["rows"] if "rewards/margin" in r]
+               for w in ("ddp", "one")]
+    assert margins[0] and margins[0] == pytest.approx(margins[1], rel=1e-3, abs=1e-5)
+    rft_run = logged(runs["ddp"], "rft")
+    assert rft_run["result"]["tokens"] > 0 and len([r for r in rft_run["rows"] if "reward_mean" in r]) == 2
+    assert (runs["ddp"] / "rft" / "final" / "model.safetensors").is_file()
+    assert rft_run["tables"] == ["samples/step-0000002.json"]
+    assert logged(runs["ddp"], "sft")["tables"] == ["samples/step-0000003.json"]
 
 
 @pytest.mark.slow
