@@ -157,7 +157,7 @@ class ServedModel:
             self.pending_tokens += int(tensors["attention_mask"].sum())
             self.pending_batches += 1
             self.losses.add(fn.name)
-        return Forwarded(batching.per_datum(logp, items), batching.per_datum(losses, items), float(total))
+        return Forwarded(batching.per_datum(logp, items), batching.per_datum(losses, items), float(total.detach()))
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         """forge's end of a training step (forge.train.step.apply_update: guard, clip, AdamW) over the
