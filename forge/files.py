@@ -18,8 +18,10 @@ from forge.errors import ForgeError
 
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder to fill; on success it replaces `path` by renames, on error it is
-    removed. A crash at any point leaves either the old folder or the new one, never half of one."""
+    """Yield a temporary folder to fill; on success it takes `path`'s place by one atomic exchange
+    (the old folder, now under the temporary name, is then removed), on error it is removed. A crash
+    at any point leaves either the old folder or the new one at `path`, never half of one, and never
+    no folder where there was one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -30,11 +32,10 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if path.exists():
-        old = path.with_name(path.name + ".old")
+        old = path.with_name(path.name + ".old")  # used only where the file system cannot exchange
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old)
+        _exchange(tmp, path, old)
+        shutil.rmtree(tmp)
     else:
         os.replace(tmp, path)
 

@@ -29,7 +29,7 @@ from forge.export.card import model_card
 from forge.export.destination import JOB_REQUEST, MANIFEST, MARKER, check_destination, write_marker
 from forge.export.formats import Format, Planned, row
 from forge.export.shapes import check_config
-from forge.export.source import Source, source_tensors, tensor_specs
+from forge.export.source import HEAD, Source, source_tensors, tensor_specs, untied_head
 from forge.files import replace_dir
 from forge.lineage import Lineage
 from forge.progress import counted, phase
@@ -86,9 +86,15 @@ def export(src: Source, out: Path, opts: ExportOptions, log=print) -> dict:
 def _plan(src: Source, opts: ExportOptions, fmt: Format) -> Planned:
     """Everything read and translated from the source, before any check of the format's."""
     config = _read_json(src.model_folder / "config.json")
-    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes
+    specs = tensor_specs(src.model_folder)  # a LoRA merge keeps the base's tensors and shapes (an untied head: below)
     check_config(config, specs, src.model_folder / "config.json")
     config_out, config_changes = compat.translate_config(config, opts.dtype)
+    head_from = untied_head(src)
+    if head_from:  # the merge writes the adapted head last, beside the embedding it was tied to
+        specs.pop(HEAD, None)
+        specs[HEAD] = specs[head_from]
+        config_out["tie_word_embeddings"] = False
+        config_changes["set"] = {"tie_word_embeddings": False}
     tok_folder = src.folder if (src.folder / "tokenizer_config.json").is_file() else src.model_folder
     tok_config = _read_json(tok_folder / "tokenizer_config.json")
     template, template_from = _chat_template(tok_folder, tok_config, opts, fmt)

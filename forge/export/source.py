@@ -185,7 +185,8 @@ def _adapter_base(adapter: Path) -> Path:
 
 def merge_lora(adapter: Path, base: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Base weights with W += scale * B @ A for each adapted module (PEFT's layout and scaling:
-    lora_alpha / r, or / sqrt(r) with use_rslora). Whole modules the adapter saved replace the base's."""
+    lora_alpha / r, or / sqrt(r) with use_rslora). Whole modules the adapter saved replace the base's.
+    A head the base ties to its embedding comes last, untied (untied_head)."""
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     for key in ("use_dora", "alpha_pattern"):
         if cfg.get(key):
@@ -193,24 +194,92 @@ def merge_lora(adapter: Path, base: Path) -> Iterator[tuple[str, torch.Tensor]]:
     lora: dict[str, dict[str, torch.Tensor]] = {}
     replaced: dict[str, torch.Tensor] = {}
     for name, tensor in iter_tensors(adapter):
-        key = name.removeprefix("base_model.model.")
-        m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
-        if m:
-            lora.setdefault(m.group(1) + ".weight", {})[m.group(2)] = tensor
+        target, factor = _adapted(name)
+        if factor:
+            lora.setdefault(target, {})[factor] = tensor
         else:
-            replaced[re.sub(r"\.modules_to_save(\.[^.]+)?", "", key)] = tensor
-    seen = set()
-    for name, weight in iter_tensors(base):
-        if name in replaced:
-            weight = replaced[name]
-        elif name in lora:
+            replaced[target] = tensor
+
+    def merged(name: str, weight: torch.Tensor) -> torch.Tensor:
+        weight = replaced.get(name, weight)
+        if name in lora:
             a, b = lora[name]["A"].float(), lora[name]["B"].float()
             r = a.shape[0]
             scale = cfg.get("lora_alpha", r) / (r ** 0.5 if cfg.get("use_rslora") else r)
             delta = (b @ a) * scale
             weight = (weight.float() + (delta.T if cfg.get("fan_in_fan_out") else delta)).to(weight.dtype)
+        return weight
+
+    embedding = _tied_embedding(adapter, base)
+    seen, head_from = set(), None
+    for name, weight in iter_tensors(base):
         seen.add(name)
-        yield name, weight
+        if embedding and name == HEAD:
+            continue  # a tied base computes its logits with the embedding, whatever head it stores
+        if name == embedding:
+            head_from = weight
+        yield name, merged(name, weight)
+    if head_from is not None:
+        seen.add(HEAD)
+        yield HEAD, merged(HEAD, head_from)
     missing = sorted((set(lora) | set(replaced)) - seen)
     if missing:
         raise ForgeError(f"{adapter}: adapter weights for modules the base does not have: {', '.join(missing[:5])}")
+
+
+def _adapted(name: str) -> tuple[str, str | None]:
+    """An adapter tensor's name -> (the base weight it applies to, "A" / "B" for a LoRA factor or
+    None for a whole weight: a modules_to_save copy, or the base layer PEFT saves beside a LoRA on
+    an embedding or head, which the LoRA's delta then applies to)."""
+    key = name.removeprefix("base_model.model.")
+    m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
+    if m:
+        return m.group(1) + ".weight", m.group(2)
+    return re.sub(r"\.modules_to_save(\.[^.]+)?|\.base_layer", "", key), None
+
+
+# --------------------------------------------------------------------- tied heads
+HEAD = "lm_head.weight"  # the output projection (a Tinker LoRA's train_unembed adapts it)
+
+
+def untied_head(src: Source) -> str | None:
+    """The base tensor the exported lm_head.weight starts from when the export unties the head from
+    the input embedding, else None. A base whose config ties them computes its logits with the
+    embedding matrix; an adapter that adapts or replaces lm_head gives the head weights of its own,
+    so the export stores lm_head.weight (the embedding plus the adapter's delta, or its replacement)
+    beside the embedding, which stays as the base has it, and its config says they are not tied."""
+    return _tied_embedding(src.folder, src.base) if src.base is not None else None
+
+
+def _tied_embedding(adapter: Path, base: Path) -> str | None:
+    if HEAD not in {_adapted(n)[0] for n in tensor_specs(adapter)}:
+        return None
+    config = json.loads((base / "config.json").read_text())
+    names = tensor_specs(base)
+    tied = config.get("tie_word_embeddings", HEAD not in names) if isinstance(config, dict) else False
+    if not tied:  # (with no key: a head the files lack can only be the embedding)
+        return None
+    said = f"{adapter}: adapts {HEAD}, which {base / 'config.json'} ties to the input embeddings"
+    if config.get("is_encoder_decoder"):  # T5 scales the decoder's output only when its head is tied
+        raise ForgeError(f"{said}; forge unties a head only in decoder-only models, where that leaves the "
+                         "logits as the adapter trained them")
+    arch = (config.get("architectures") or [None])[0]
+    embedding = _tied_name(arch)
+    if embedding is None:
+        raise ForgeError(f"{said}; untying it needs the embedding's name, which transformers gives for the "
+                         f"architecture: expected architectures[0] to be a transformers model class, got {arch!r}")
+    if embedding not in names:
+        raise ForgeError(f"{said}; expected its embedding {embedding} in {base}'s safetensors, which lack it")
+    return embedding
+
+
+def _tied_name(arch: object) -> str | None:
+    """The input embedding an architecture ties its head to (transformers' own map), if it is known."""
+    import transformers
+
+    try:
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    except Exception:  # transformers imports a model's module on demand: a missing extra fails there
+        cls = None
+    tied = getattr(cls, "_tied_weights_keys", None)
+    return tied.get(HEAD) if isinstance(tied, dict) else None

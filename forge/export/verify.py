@@ -12,7 +12,7 @@ import torch
 
 from forge.errors import ForgeError
 from forge.export.shapes import declared_parameters
-from forge.export.source import Source, source_tensors, tensor_specs
+from forge.export.source import Source, source_tensors, tensor_specs, untied_head
 from forge.scrub import first_line
 
 PROMPTS = ["Once upon a time", "The Zephyr-3 valve is rated for", "Question: what does the model know?\nAnswer:"]
@@ -85,7 +85,8 @@ def _fits_the_files(src: Source, export_dir: Path) -> None:
 
 def _reference_model(src: Source, auto):
     """The source in fp32: the checkpoint itself, or the base with the LoRA adapter merged."""
-    model = auto.from_pretrained(src.model_folder, dtype=torch.float32).eval()
+    untie = {"tie_word_embeddings": False} if untied_head(src) else {}  # else the head would load into the embedding
+    model = auto.from_pretrained(src.model_folder, dtype=torch.float32, **untie).eval()
     if src.base is not None:
         merged = {n: t.float() for n, t in source_tensors(src)}
         missing, unexpected = model.load_state_dict(merged, strict=False)

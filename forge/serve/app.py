@@ -60,6 +60,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
         open_store(cfg.tracking)
     store = Store(cfg.checkpoint_dir or workdir / "checkpoints")
+    store.sweep()  # checkpoints whose ttl_seconds ran out while no server ran
     served = Served(cfg, cfg.keys(), Registry(cfg.session_timeout_s), Worker(), workdir, capabilities(cfg), store,
                     Hosts(cfg.precision))
 
@@ -86,7 +87,11 @@ def create_app(cfg: ServeConfig) -> FastAPI:
                 return JSONResponse({"detail": "missing or unknown API key: send a configured key in X-API-Key"}, 401)
             request.state.owner = fingerprint(key or "")
         release(served, served.registry.sweep())  # sessions silent too long end before any call reads them
-        return await call_next(request)
+        response = await call_next(request)
+        if store.expired_seen:  # deleted on the worker: never beside a save or a load of the same folder
+            store.expired_seen = False
+            served.worker.submit("delete expired checkpoints", lambda: {"deleted": [str(f) for f in store.sweep()]})
+        return response
 
     @app.exception_handler(wire.Refused)
     async def refused(request: Request, e: wire.Refused) -> JSONResponse:

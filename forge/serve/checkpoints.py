@@ -13,18 +13,24 @@ the adapter into the base's weights. A checkpoint is written in a temporary fold
 place (forge.files.atomic_dir): a server killed mid-save leaves the earlier checkpoint or none,
 never half of one.
 
+A save with ttl_seconds records its expiry (forge_state.json's expires_at). From then on the
+checkpoint is neither listed nor loaded, and it is deleted on the worker thread, which writes and
+reads checkpoints too (so a deletion never meets a save of the same name half-way), or when the
+server starts.
+
 A run's checkpoints belong to the API key whose client made the run: a path of another key's run
 is refused (403), an unknown one is not found (404), naming the path."""
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -43,10 +49,15 @@ RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RUN_FILE = "run.json"
 ADAPTER = "adapter_model.safetensors"
+log = logging.getLogger("forge.serve")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return utcnow().isoformat(timespec="seconds")
 
 
 class RunRecord(BaseModel):
@@ -100,8 +111,32 @@ def parse(text: str, field: str = "path") -> CheckpointPath:
 
 
 class Store:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, clock: Callable[[], dt.datetime] | None = None):
         self.root = Path(root)
+        self.clock = clock or utcnow  # the time (UTC) saves are stamped with and expiries measured by
+        self.expired_seen = False  # a listing or load met an expired checkpoint: the worker should sweep
+
+    def live(self, saved: dict[str, Any]) -> bool:
+        """Whether a checkpoint (its forge_state.json) has not expired."""
+        when = saved.get("expires_at")
+        return when is None or dt.datetime.fromisoformat(when) > self.clock()
+
+    def expire(self, folder: Path) -> bool:
+        """Delete the checkpoint folder if it expired; whether it did. Only where no save or load
+        runs beside it: the server's start, or the worker thread."""
+        state = folder / files.STATE
+        if not state.is_file() or self.live(json.loads(state.read_text())):
+            return False
+        shutil.rmtree(folder)
+        log.info("deleted %s: its ttl_seconds ran out", folder)
+        return True
+
+    def sweep(self) -> list[Path]:
+        """Delete every expired checkpoint (as `expire`); the folders deleted."""
+        self.expired_seen = False
+        found = sorted(self.root.glob(f"*/*/*/{files.STATE}")) if self.root.is_dir() else []
+        return [s.parent for s in found if s.parent.parent.name in KINDS and NAME.fullmatch(s.parent.name)
+                and self.expire(s.parent)]
 
     def run_dir(self, run_id: str) -> Path:
         if not RUN_ID.fullmatch(run_id):
@@ -150,6 +185,10 @@ class Store:
         if not (folder / files.STATE).is_file():
             raise Refused(f"{field} {path.tinker}: no such checkpoint (its run has "
                           f"{', '.join(c['checkpoint_id'] for c in self.listing(path.run)) or 'none'})", 404)
+        saved = json.loads((folder / files.STATE).read_text())
+        if not self.live(saved):
+            self.expired_seen = True
+            raise Refused(f"{field} {path.tinker}: expired at {saved['expires_at']} (saved with ttl_seconds)", 404)
         problem = files.verify_checkpoint(folder)
         if problem is not None:
             raise Refused(f"{field} {path.tinker}: the checkpoint is damaged ({problem})")
@@ -168,11 +207,15 @@ class Store:
                 if not state.is_file():
                     continue
                 saved = json.loads(state.read_text())
+                if not self.live(saved):
+                    self.expired_seen = True
+                    continue
                 path = CheckpointPath(run_id, kind, folder.name)
                 size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
                 out.append({"checkpoint_id": path.checkpoint_id, "checkpoint_type": kind_type,
                             "time": saved.get("saved", now()), "tinker_path": path.tinker, "size_bytes": size,
-                            "public": False, "user_metadata": saved.get("user_metadata")})
+                            "public": False, "user_metadata": saved.get("user_metadata"),
+                            "expires_at": saved.get("expires_at")})
         return sorted(out, key=lambda c: c["time"])
 
     def delete(self, path: CheckpointPath, owner: str) -> None:
@@ -180,14 +223,30 @@ class Store:
         shutil.rmtree(folder)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a save request asked for beside the weights, and when it ran."""
+
+    at: dt.datetime
+    ttl_seconds: int | None = None
+    user_metadata: dict[str, str] | None = None
+
+    @property
+    def expires_at(self) -> str | None:
+        if self.ttl_seconds is None:
+            return None
+        return (self.at + dt.timedelta(seconds=self.ttl_seconds)).isoformat(timespec="seconds")
+
+
 def write(folder: Path, model: ServedModel, record: RunRecord, spec: BaseSpec, path: CheckpointPath,
-          optimizer: bool, user_metadata: dict[str, str] | None) -> Path:
+          optimizer: bool, asked: Asked) -> Path:
     """The checkpoint folder (see the module doc), written whole or not at all."""
     session = model.session
     peft: Any = session.unwrapped()
     peft.peft_config["default"].base_model_name_or_path = str(model.base.resolve())
     state = {"step": model.steps, "tokens": model.tokens, "run_id": record.training_run_id,
-             "tinker_path": path.tinker, "saved": now(), "user_metadata": user_metadata}
+             "tinker_path": path.tinker, "saved": asked.at.isoformat(timespec="seconds"),
+             "user_metadata": asked.user_metadata, "expires_at": asked.expires_at}
     try:
         with atomic_dir(folder) as tmp:
             # the LoRA tensors alone: PEFT would add whole embedding matrices when lm_head is a target

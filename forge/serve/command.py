@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 
 from forge.progress import say
 
@@ -54,6 +55,19 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(levelname)s:     forge serve: %(message)s"))
     logging.getLogger("forge.serve").addHandler(handler)
     logging.getLogger("forge.serve").setLevel(args.log_level.upper())
-    # a client's long poll must not hold Ctrl+C for its 20 s
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    # SIGTERM stops the server as Ctrl+C does: uvicorn takes either signal, stops taking requests and
+    # lets the app shut down (the worker finishes the calls queued, a save under way among them);
+    # it then raises the signal again, which here ends the process by KeyboardInterrupt (exit 0,
+    # as Ctrl+C) rather than by the signal's default action
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        # a client's long poll must not hold Ctrl+C for its 20 s
+        uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

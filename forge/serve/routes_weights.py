@@ -118,10 +118,12 @@ def _save(served: Served, entry: ModelEntry, path: CheckpointPath, body: wire.Sa
 
     def call() -> Reply:
         model = _model(entry)
+        served.store.expire(folder)  # an expired checkpoint's name is free
         if (folder / "forge_state.json").is_file() and not (training and body.overwrite):
             how = "; save_state(..., overwrite=True) replaces it" if training else "; choose another name"
             raise ForgeError(f"checkpoint {path.tinker} exists{how}")
-        ckpt.write(folder, model, entry.run, entry.spec, path, training, body.user_metadata)
+        asked = ckpt.Asked(served.store.clock(), body.ttl_seconds, body.user_metadata)
+        ckpt.write(folder, model, entry.run, entry.spec, path, training, asked)
         if entry.tracking is not None:
             entry.tracking.checkpoint(path.tinker, str(folder), model.steps)
         return {"path": path.tinker, "type": "save_weights" if training else "save_weights_for_sampler"}

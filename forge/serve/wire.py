@@ -84,6 +84,7 @@ class SaveWeights(Lenient):
     seq_id: int | None = None
     overwrite: bool = False
     user_metadata: dict[str, str] | None = None
+    ttl_seconds: int | None = Field(None, ge=1, le=10 * 365 * 86400)  # None: never expires; at most 10 years
     sampling_session_seq_id: int | None = None
     kind: str = "snapshot"
 

@@ -1,11 +1,14 @@
 """Helpers for the `forge serve` tests: the server in a thread of this process (so a test can look
-at a served model's weights), the official SDK pointed at it, and chat examples tokenized by
-forge's own SFT path (forge.data.examples.sft_examples), so that both sides see the same tokens."""
+at a served model's weights) or as a `forge serve` child process (so a test can signal it), the
+official SDK pointed at it, and chat examples tokenized by forge's own SFT path
+(forge.data.examples.sft_examples), so that both sides see the same tokens."""
 from __future__ import annotations
 
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -70,6 +73,49 @@ def serving(cfg: dict[str, Any]) -> Iterator[Server]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@dataclass
+class Child:
+    url: str
+    proc: subprocess.Popen
+    log: Path  # its stdout and stderr
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def serving_process(cfg: dict[str, Any], folder: Path, prelude: str = "") -> Iterator[Child]:
+    """`forge serve` as a child process on 127.0.0.1 (signals at their defaults), run by a launcher
+    script in `folder` that runs `prelude` (a test's patches, Python source) and then forge's own
+    command line; killed at the end if it is still running."""
+    import httpx
+
+    from servers import ROOT, free_port, kill_tree, poll, spawn
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config_file, launcher, log = folder / "serve.yaml", folder / "launch.py", folder / "serve.log"
+    config_file.write_text(json.dumps(cfg))  # JSON is YAML
+    launcher.write_text(f"{prelude}\nimport sys\nfrom forge.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        proc = spawn([sys.executable, str(launcher), "serve", "--config", str(config_file), "--port", str(port)],
+                     cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None  # stop waiting when it died
+
+    try:
+        assert poll(up, 120) and proc.poll() is None, f"forge serve did not start:\n{log.read_text()}"
+        yield Child(url, proc, log)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
 
 
 def rows(n: int) -> list[tuple[int, str, dict]]:

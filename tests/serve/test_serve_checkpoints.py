@@ -151,9 +151,8 @@ def test_a_saved_checkpoint_is_a_forge_checkpoint_forge_eval_and_export_accept(t
     with serving(config(tiny_checkpoint, checkpoint_dir=str(tmp_path / "ckpt"))) as srv:
         sc = tinker.ServiceClient(base_url=srv.url, api_key=KEY)
         try:
-            # no adapter on the head: the tiny base ties it to the embeddings, which forge export's merge
-            # does not untie (the adapter of a tied head has no lm_head weight in the base to merge into)
-            tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=1, train_unembed=False).result()
+            # train_unembed (the SDK's default) adapts the head the tiny base ties to its embeddings
+            tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
             d = types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
                             loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
             for _ in range(3):  # small steps: a random tiny model with large adapters amplifies bf16 rounding
@@ -186,4 +185,5 @@ def test_a_saved_checkpoint_is_a_forge_checkpoint_forge_eval_and_export_accept(t
     manifest = json.loads((out / "forge-manifest.json").read_text())
     assert manifest["source"]["lora_base"] == str(tiny_checkpoint.resolve())
     assert manifest["lineage"]["stages"][0]["kind"] == "serve"
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False  # the head untied
     shutil.rmtree(out)
