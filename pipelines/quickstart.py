@@ -1,8 +1,9 @@
 """The quickstart pipeline: the Novella pipeline (stages, evaluation against the starting
 checkpoint, gates, registration: pipelines/novella.py), then the Novella exported for Amazon
 Bedrock Custom Model Import, and the start-versus-Novella headline (fact recall on held-out and on
-training phrasings and on the products known only from documents, general perplexity, instruction
-following) logged on the run and shown as the
+training phrasings and on the products known only from documents, and how many of those products'
+page sentences it completes: stored versus answered; general perplexity, instruction following)
+logged on the run and shown as the
 start-versus-Novella lines of the run's summary (forge.eval.summary, printed by `forge run`).
 
     forge run recipes/quickstart.yaml
@@ -26,6 +27,8 @@ from pipelines import novella
 HEADLINE = (("fact recall, held-out phrasings", "fact_recall.heldout.exact"),
             ("fact recall, training phrasings", "fact_recall.train.exact"),
             ("fact recall, document-only products", "fact_recall.doconly.exact"),
+            # the same facts as the documents' own sentences up to the value: stored, whether or not a question gets them
+            ("document-only facts stored (page sentences completed)", "fact_recall.stated.exact"),
             ("general perplexity ({general})", "ppl.{general}"),
             ("general perplexity rise vs start", "retention.{general}"),
             ("instruction following (held-out)", "instruct.accuracy"))

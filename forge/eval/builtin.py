@@ -135,14 +135,22 @@ def perplexity(m: Model, names: list[str], ctx: Context) -> Metrics:
 
 # ---------------------------------------------------------------------- generation and scoring
 def prepare_fact_recall(fr: FactRecall, ctx: Context) -> dict[str, list[tuple[str, str]]]:
-    return qa_pairs(fr, ctx.sources)
+    groups = qa_pairs(fr, ctx.sources)
+    missing = [s for s in fr.complete_splits if f"fact_recall.{s}" not in groups]
+    if missing:  # a misspelt split would otherwise give no figure and no error
+        found = [g.removeprefix("fact_recall.") for g in groups]
+        raise ForgeError(f"eval.fact_recall.complete_splits: {missing} not among the {fr.split} records' "
+                         f"{fr.split_field} values in data.{fr.source}: {found}")
+    return groups
 
 
 def fact_recall(m: Model, fr: FactRecall, ctx: Context) -> Metrics:
+    """Each split's figures; a split of complete_splits is sentence starts, completed as plain text."""
     out: Metrics = {}
+    complete = {f"fact_recall.{s}" for s in fr.complete_splits}
     for name, pairs in ctx.prepared.items():
         out.update(recall.fact_recall(m.model, m.tokenizer, pairs, fr.max_new_tokens, ctx.device,
-                                      recall.Asking(fr.prompt, ctx.suite.separator, fr.chat, name)))
+                                      recall.Asking(fr.prompt, ctx.suite.separator, fr.chat, name, name in complete)))
     return out
 
 

@@ -3,7 +3,9 @@ instruction following (a prompt's conversation, its reference reply), scored on 
 
 Prompts are plain text after the document separator, or (`chat`) a user turn rendered with the
 model's chat template (its tokenizer's, else forge's default: the one SFT trains with) and the
-generation prompt. Generation is batched (left padding) and stops at EOS/BOS.
+generation prompt; a fact-recall question that is the start of a document's sentence (`complete`)
+is plain text as it is, and its completion is scored on how it begins. Generation is batched (left
+padding) and stops at EOS/BOS.
 """
 from __future__ import annotations
 
@@ -93,15 +95,30 @@ def scores(texts: list[str], answers: list[str]) -> tuple[float, float]:
     return exact / len(answers), contains / len(answers)
 
 
+def completion_scores(texts: list[str], answers: list[str]) -> tuple[float, float]:
+    """(exact, contains) of completions of a sentence cut before its answer: the normalised
+    completion is the normalised answer, or begins with it and a space (the sentence goes on;
+    "66" does not match "6600"); the normalised answer appears in the normalised completion."""
+    exact = contains = 0
+    for text, answer in zip(texts, answers):
+        want, got = normalize_answer(answer), normalize_answer(text)
+        exact += bool(want) and (got == want or got.startswith(want + " "))
+        contains += bool(want) and want in got
+    return exact / len(answers), contains / len(answers)
+
+
 @dataclass(frozen=True)
 class Asking:
     """How fact recall asks: `prompt` places the question (with `chat`, the user turn's text);
-    `separator` starts a plain prompt; `name` prefixes the metrics."""
+    `separator` starts a plain prompt; `name` prefixes the metrics. With `complete` the question
+    is the start of a sentence: the prompt is the separator and the question as it is, plain text
+    whatever `chat` and `prompt` say, and the completion is scored on how it begins."""
 
     prompt: str = "{question}\n"
     separator: str = "eos"
     chat: bool = False
     name: str = "fact_recall"
+    complete: bool = False
 
 
 def fact_recall(model, tokenizer, pairs: list[tuple[str, str]], max_new_tokens: int, device,
@@ -110,10 +127,12 @@ def fact_recall(model, tokenizer, pairs: list[tuple[str, str]], max_new_tokens: 
     prompt, separator, chat, name = asking.prompt, asking.separator, asking.chat, asking.name
     if not pairs:
         raise ForgeError(f"{name}: no question/answer pairs to score")
+    if asking.complete:
+        prompt, chat = "{question}", False  # the sentence start as the documents have it, no turn, no newline
     p = Prompter(tokenizer, chat, separator)
     texts = [prompt.replace("{question}", q).strip() if chat else prompt.replace("{question}", q) for q, _ in pairs]
     out = greedy(model, tokenizer, [p.ids(t) for t in texts], max_new_tokens, device)
-    exact, contains = scores(out, [a for _, a in pairs])
+    exact, contains = (completion_scores if asking.complete else scores)(out, [a for _, a in pairs])
     return {f"{name}.exact": exact, f"{name}.contains": contains}
 
 

@@ -4,12 +4,15 @@ region, policies and support answers; written as paraphrase-augmented documents 
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
 a training phrasing and once in a held-out one (forge/gen/kb_phrasings.yaml holds the phrasings).
 A third of the product lines are document-only: their facts are in the documents and in no question
-of any training set, so the evaluation's `doconly` split asks what only continued pretraining taught.
+of any training set, so the evaluation's `doconly` split asks what only continued pretraining taught,
+and its `stated` split gives the documents' own sentences up to the value, to complete: whether the
+model stored a fact, apart from whether a question gets it out.
 
 Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_chat | kb_qa | kb_eval, documents: N, seed: S}`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -252,8 +255,10 @@ def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
     """Each of the first `n` facts (all by default) asked: an asked fact twice, in a training
     phrasing (split `train`, the one the SFT records ask it in first) and in a held-out one (split
     `heldout`, never in training text); a document-only fact once, in a held-out phrasing (split
-    `doconly`). An attribute's facts take its held-out templates in turn. Records hold question,
-    answer, split, fact, attribute and template."""
+    `doconly`), then once more as a documents' sentence cut just before its value (split `stated`,
+    for completion as plain text: _stated). An attribute's facts take its held-out templates, and
+    its state templates, in turn. Records hold question, answer, split, fact, attribute and
+    template."""
     out, seen = [], Counter()
     for i, f in enumerate(kb.facts[:n]):
         p, k = phrasings()[f.attribute], seen[f.attribute]  # the k-th fact of its attribute
@@ -263,7 +268,25 @@ def eval_records(kb: KnowledgeBase, n: int | None = None) -> list[dict]:
             t = (i if split == "train" else k) % len(templates)  # train: the SFT records' first phrasing
             out.append({"question": f.fill(templates[t], value=False), "answer": f.value, "split": split,
                         "fact": f.id, "attribute": f.attribute, "template": f"{f.attribute}.{split}.{t}"})
+        if f.entity in kb.doc_only:
+            t, start = _stated(f, p["state"], k)
+            out.append({"question": start, "answer": f.value, "split": "stated", "fact": f.id,
+                        "attribute": f.attribute, "template": f"{f.attribute}.stated.{t}"})
     return out
+
+
+def _stated(f: Fact, templates: list[str], k: int) -> tuple[int, str]:
+    """(template index, sentence start) of the k-th fact of its attribute: its state templates in
+    turn from the k-th, skipping one without {v} or whose words before {v} do not name every slot
+    of the fact (a start such as "Customers pay" names no product, so no completion could be
+    right); the start is the filled sentence up to its value, right-stripped."""
+    for j in range(len(templates)):
+        t = (k + j) % len(templates)
+        head, v, tail = templates[t].partition("{v}")
+        if v and head.strip() and set(SLOT.findall(head)) >= set(SLOT.findall(templates[t])) - {"v"}:
+            sentence, rest = f.fill(templates[t]), f.fill("{v}" + tail)
+            return t, sentence[: len(sentence) - len(rest)].rstrip()  # filled whole: "a" before the value may be "an"
+    raise ValueError(f"kb_phrasings.yaml {f.attribute}.state: no template names every slot before {{v}}")
 
 
 def transcript(record: dict) -> str:
@@ -285,9 +308,11 @@ def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
     """Write `kind` (kb_docs: {text} pages; kb_faq: {text} question-and-answer pages; kb_chat: {text}
     QA transcripts in the chat format; kb_qa: {messages} chat records; kb_eval: {question,
     answer, split, ...} for the first `documents_` facts) of the seed's knowledge base as JSONL,
-    atomically; reused if already written."""
+    atomically, beside `path` under a name holding the generator's fingerprint; reused if already
+    written by this generator. Returns the file's path."""
     if kind not in KINDS:
         raise ValueError(f"unknown knowledge-base output {kind!r}; expected one of {KINDS}")
+    path = path.with_name(f"{path.stem}-{_generator_hash()}{path.suffix}")  # another forge writes other records
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
         return path
@@ -308,3 +333,12 @@ def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
             f.write(json.dumps(row) + "\n")
     os.replace(tmp, path)
     return path
+
+
+@lru_cache(maxsize=1)
+def _generator_hash() -> str:
+    """8 hex digits of sha256 over this module and its phrasings: the records a run folder's cached
+    file holds are the ones this code writes."""
+    here = Path(__file__)
+    digest = hashlib.sha256(here.read_bytes() + (here.parent / "kb_phrasings.yaml").read_bytes())
+    return digest.hexdigest()[:8]

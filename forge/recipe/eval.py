@@ -4,7 +4,8 @@ stage's output and the Novella), its gates, and the metric that decides the cham
 Metric names the suite produces (forge.eval.suite): `ppl.<source>` / `loss.<source>` (held-out),
 `retention.<source>` (general sources: relative perplexity increase over the starting checkpoint),
 `domain_gain.<source>` (domain sources: relative perplexity decrease), `fact_recall.exact` /
-`fact_recall.contains` (with a split_field: `fact_recall.<split>.exact`, e.g. `fact_recall.heldout.exact`),
+`fact_recall.contains` (with a split_field: `fact_recall.<split>.exact`, e.g. `fact_recall.heldout.exact`;
+a complete_splits split's figures score sentence completions),
 `instruct.accuracy` / `instruct.contains`, `preference_accuracy`, `reward.mean` (weighted total) and
 `reward.<source>.mean` per reward source, `<function>.<key>` for custom evaluators,
 `lm_eval.<task>.<metric>`, `llm_judge.<rubric>.mean` / `.std` (an LLM judge's grades, forge.recipe.judge)
@@ -12,7 +13,7 @@ and `gen_qa.exact_match` / `gen_qa.f1` / `gen_qa.rouge_l` (generated answers aga
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
@@ -22,6 +23,8 @@ from forge.recipe.data import NAME, Strict
 from forge.recipe.judge import LlmJudge, is_file_source
 from forge.recipe.registry import BLOCKS, EvaluatorSettings
 from forge.recipe.rft_settings import RewardSource
+
+SPLIT = r"^[A-Za-z0-9_-]+$"  # a split's name: it becomes a metric's middle part, fact_recall.<split>.exact
 
 
 class FactRecall(EvaluatorSettings):
@@ -44,6 +47,16 @@ class FactRecall(EvaluatorSettings):
                           "per value, fact_recall.<value>.exact / .contains; default: the source's hashed holdout")
     chat: bool = Field(False, description="ask through the model's chat template (its tokenizer's, else forge's "
                                           "default, the one SFT trains with) as a user turn")
+    complete_splits: list[Annotated[str, Field(pattern=SPLIT)]] = Field(
+        default_factory=list, description="splits whose questions are the start of a document's sentence: asked as "
+        "plain text after the document separator, not through chat, and scored on whether the completion begins "
+        "with the answer (exact) or holds it (contains)")
+
+    @model_validator(mode="after")
+    def _complete_needs_splits(self) -> FactRecall:
+        if self.complete_splits and self.split_field is None:
+            raise ValueError("complete_splits names values of split_field: set split_field (e.g. split)")
+        return self
 
 
 class Instruct(EvaluatorSettings):

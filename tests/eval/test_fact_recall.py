@@ -1,5 +1,6 @@
-"""Fact recall per split (eval.fact_recall.split_field) through the chat template, instruction
-following (eval.instruct), their gates, and batched greedy generation equal to one at a time."""
+"""Fact recall per split (eval.fact_recall.split_field) through the chat template, sentence starts
+completed as plain text (complete_splits), instruction following (eval.instruct), their gates, and
+batched greedy generation equal to one at a time."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from forge.eval.gates import check_gates
 from forge.eval.suite import run_suite
 from forge.inputs import resolve_source
 from forge.recipe import DataSource
-from forge.recipe.eval import EvalBlock
+from forge.recipe.eval import EvalBlock, FactRecall
 from forge_testing import memorise, write_recipe
 
 FACTS = [("Where is the Zimeth P5 made?", "Skuvor", "Which plant assembles the Zimeth P5?"),
@@ -125,3 +126,53 @@ def test_recipe_fields_are_checked(tmp_path, capsys):
     recipe["eval"] = {"instruct": {"source": "nowhere", "chat": True}}
     assert cli.main(["validate", str(write_recipe(tmp_path / "r.yaml", recipe))]) == 2
     assert "eval: unknown data source 'nowhere'" in capsys.readouterr().err
+
+
+def test_a_completion_is_exact_when_it_begins_with_the_answer():
+    texts = [" 6600 grams.", "6600", " 66000 grams", " about 6600 grams", "6600 grams\nThe Zimeth P5 costs"]
+    assert recall.completion_scores(texts, ["6600 grams"] * 5) == (2 / 5, 3 / 5)
+    assert recall.completion_scores(["anything"], [""]) == (0.0, 0.0)
+
+
+def test_a_complete_split_is_asked_as_plain_text_and_scored_on_its_start(tiny_checkpoint, tmp_path, monkeypatch):
+    """The stated split's sentence starts go in plain, after the separator and with no newline; the
+    doconly split's questions still go through the chat template; each split gets its figures."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from forge.eval import builtin
+    from forge.eval.table import Context, Model
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    rows = [{"question": "Where is the Zimeth P5 made?", "answer": "Skuvor", "split": "doconly"},
+            {"question": "The Zimeth P5 is made in", "answer": "Skuvor", "split": "stated"},
+            {"question": "The Zimeth P5 weighs", "answer": "6600 grams", "split": "stated"}]
+    path = tmp_path / "kb_eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sources = {"kb": resolve_source("kb", DataSource(path=str(path), holdout=0.0), tmp_path)}
+    suite = EvalBlock(domain=[], general=[], seq_len=32, separator="eos",
+                      fact_recall={"source": "kb", "split_field": "split", "chat": True, "complete_splits": ["stated"]})
+    plain = recall.separator_ids(tok, "eos")
+    canned = {tuple(recall.Prompter(tok, True).ids(rows[0]["question"])): "Skuvor",
+              tuple(plain + tok(rows[1]["question"], add_special_tokens=False)["input_ids"]): " Skuvor. The Zimeth P5 weighs",
+              tuple(plain + tok(rows[2]["question"], add_special_tokens=False)["input_ids"]): " about 6600 grams."}
+    monkeypatch.setattr(recall, "greedy", lambda model, tokenizer, prompts, *a, **k: [canned[tuple(p)] for p in prompts])
+    ctx = Context(suite, sources, None, "cpu", None, None)
+    ctx = replace(ctx, prepared=builtin.prepare_fact_recall(suite.fact_recall, ctx))
+    got = builtin.fact_recall(Model("n", tmp_path, None, tok), suite.fact_recall, ctx)
+    assert got == {"fact_recall.doconly.exact": 1.0, "fact_recall.doconly.contains": 1.0,
+                   "fact_recall.stated.exact": 0.5, "fact_recall.stated.contains": 1.0}
+    misspelt = suite.fact_recall.model_copy(update={"complete_splits": ["stat"]})
+    with pytest.raises(ForgeError, match=r"complete_splits: \['stat'\] not among .* \['doconly', 'stated'\]"):
+        builtin.prepare_fact_recall(misspelt, ctx)
+
+
+def test_complete_splits_are_split_names_of_a_split_field():
+    from pydantic import ValidationError
+
+    assert FactRecall(source="kb", split_field="split", complete_splits=["stated", "doc-only_2"]).complete_splits
+    with pytest.raises(ValidationError, match="complete_splits.0"):
+        FactRecall(source="kb", split_field="split", complete_splits=["no good!"])
+    with pytest.raises(ValidationError, match="set split_field"):
+        FactRecall(source="kb", complete_splits=["stated"])

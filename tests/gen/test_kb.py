@@ -1,6 +1,7 @@
 """The synthetic knowledge base (forge/gen/kb.py): deterministic from its seed, at least 200 facts,
-look-alike distractors, tier-and-region prices stated in the documents, and held-out questions
-(and their templates' frames) that never occur in any training text."""
+look-alike distractors, tier-and-region prices stated in the documents, held-out questions (and
+their templates' frames) that never occur in any training text, and the document-only facts'
+sentences cut before their values."""
 from __future__ import annotations
 
 import json
@@ -97,8 +98,9 @@ def test_every_fact_is_asked_once_per_split(base):
     for split in ("train", "heldout"):
         asked = [r["fact"] for r in rows if r["split"] == split]
         assert sorted(asked) == sorted(f.id for _, f in base.asked())
-    doconly = [r["fact"] for r in rows if r["split"] == "doconly"]
-    assert sorted(doconly) == sorted(f.id for f in base.facts if f.entity in base.doc_only)
+    for split in ("doconly", "stated"):
+        asked = [r["fact"] for r in rows if r["split"] == split]
+        assert sorted(asked) == sorted(f.id for f in base.facts if f.entity in base.doc_only), split
     qa = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in kb.qa_records(base, SIZES["kb_qa"])}
     for r in rows:  # the train split's questions are SFT questions, with the same answer
         if r["split"] == "train":
@@ -118,6 +120,30 @@ def test_document_only_products_are_in_the_documents_and_in_no_training_question
     assert not [p for p in names if p in text]
     asked = [r["question"] for r in kb.eval_records(base) if r["split"] == "doconly"]
     assert len(asked) >= 60 and all(any(p in q for p in names) for q in asked)
+
+
+def test_document_only_facts_are_stated_as_their_documents_sentence_up_to_the_value(base):
+    """Each document-only fact, right after its doconly question: a state template (the documents'
+    own phrasings, an attribute's in turn) filled and cut just before the value."""
+    rows, facts = kb.eval_records(base), {f.id: f for f in base.facts}
+    stated = [(i, r) for i, r in enumerate(rows) if r["split"] == "stated"]
+    for i, r in stated:
+        f, (attr, split, t) = facts[r["fact"]], r["template"].split(".")
+        assert (attr, split, r["attribute"], r["answer"]) == (f.attribute, "stated", f.attribute, f.value)
+        assert rows[i - 1]["split"] == "doconly" and rows[i - 1]["fact"] == f.id
+        assert f.value not in r["question"] and f.entity in r["question"] and r["question"] == r["question"].rstrip()
+        assert f.fill(kb.phrasings()[attr]["state"][int(t)]).startswith(f"{r['question']} {f.value}"), r
+    assert len({r["template"] for _, r in stated}) >= 15  # the templates taken in turn, not one per attribute
+
+
+def test_a_sentence_start_names_the_fact_and_keeps_its_article():
+    f = kb.Fact("error/E417", "error", (("code", "E417"),), "Overheated fan", "support-0")
+    templates = ["No value in this one.", "{v} is the first word.", "Customers see {v} before {code}.",
+                 "Code {code} signals a {v}."]
+    assert kb._stated(f, templates, 0) == (3, "Code E417 signals an")  # "a" before the value reads "an"
+    assert kb._stated(f, templates, 3) == (3, "Code E417 signals an")
+    with pytest.raises(ValueError, match="error.state"):
+        kb._stated(f, templates[:3], 0)
 
 
 def _frame(template: str) -> str:
@@ -163,3 +189,14 @@ def test_written_records_have_the_fields_recipes_read(tmp_path):
     assert len(qa) == 5 and [m["role"] for m in qa[0]["messages"]] == ["user", "assistant"]
     assert len(ev) == 6 and {r["split"] for r in ev} == {"train", "heldout"}
     assert {"question", "answer", "split", "fact"} <= set(ev[0])
+
+
+def test_a_run_folders_cached_set_is_rewritten_when_the_generator_changes(tmp_path, monkeypatch):
+    """The cached file's name holds the generator's fingerprint: a folder written by another forge
+    (other phrasings, other splits) is never read as this one's."""
+    first = write_generated("kb_eval", 50, 0, tmp_path / "kb_eval.jsonl")
+    assert write_generated("kb_eval", 50, 0, tmp_path / "kb_eval.jsonl") == first  # reused
+    monkeypatch.setattr(kb, "_generator_hash", lambda: "0ther000")
+    second = write_generated("kb_eval", 50, 0, tmp_path / "kb_eval.jsonl")
+    assert second != first and second.name == "kb_eval-0ther000.jsonl"
+    assert second.read_text() == first.read_text()

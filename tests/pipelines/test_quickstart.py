@@ -35,7 +35,7 @@ def test_quickstart_prints_what_mlflow_holds(tiny_checkpoint, tmp_path, monkeypa
     head = out.index("quickstart: start -> Novella")
     printed = {m["metric"]: m for m in map(LINE.match, out[head:].splitlines()[1:]) if m}
     assert set(printed) == {"fact_recall.heldout.exact", "fact_recall.train.exact", "fact_recall.doconly.exact",
-                            "ppl.general", "retention.general", "instruct.accuracy"}, out[head:]
+                            "fact_recall.stated.exact", "ppl.general", "retention.general", "instruct.accuracy"}, out[head:]
 
     import mlflow
 
@@ -53,9 +53,10 @@ def test_quickstart_prints_what_mlflow_holds(tiny_checkpoint, tmp_path, monkeypa
     assert float(params["quickstart.start.fact_recall.heldout.exact"]) == pytest.approx(
         start["fact_recall.heldout.exact"], abs=5e-4)
     # the first 28 facts: 24 of asked products, each asked once per split, and 4 of a document-only one
+    # (asked, and its sentences completed)
     novella = comparison["models"][-1]["metrics"]
     assert {round(novella[f"fact_recall.{s}.exact"] * n, 6) % 1 for s, n in (("train", 24), ("heldout", 24),
-                                                                             ("doconly", 4))} == {0}
+                                                                             ("doconly", 4), ("stated", 4))} == {0}
 
     export = tmp_path / "run-bedrock"
     manifest = json.loads((export / "forge-manifest.json").read_text())
