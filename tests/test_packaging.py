@@ -21,9 +21,10 @@ def test_readme_gives_exactly_two_commands_install_and_quickstart_then_tests():
 
 def test_ci_runs_the_readme_test_command():
     """CI takes the README's steps in order, but runs its last, `python -m pytest -q`, as lint and two
-    tiers: `-m "not slow"` (stopping at the first failure) then `-m slow`. Each tier is the README's
-    command plus only -x and one marker expression, and the two expressions are complements, so the
-    tiers together select exactly the tests the README's command runs."""
+    tiers: `-m "not slow"` (stopping at the first failure) then `-m slow`, each on two processes. Each
+    tier is the README's command plus only -x, one marker expression and pytest-xdist's flags, and the
+    two expressions are complements, so the tiers together select exactly the tests the README's
+    command runs."""
     ci = (REPO / ".ci" / "run").read_text()
     _, tests = _readme_commands()
     steps = [s.strip() for s in tests.split("&&")]
@@ -35,9 +36,11 @@ def test_ci_runs_the_readme_test_command():
     assert len(runs) == 2 and runs == [len(lines) - 2, len(lines) - 1], "the two tiers end CI"
     assert lines.index(setup[-1]) < lines.index("ruff check .") < runs[0], "lint after the install, before the tests"
     fast, slow = (shlex.split(lines[i].removeprefix(readme_pytest)) for i in runs)
-    assert fast == ["-x", "-m", "not slow"], fast  # nothing else that would deselect (no -k, paths, --ignore)
-    assert slow == ["-m", "slow"], slow
-    assert fast[-1] == f"not {slow[-1]}"  # complements: every test is in exactly one tier
+    # nothing else that would deselect (no -k, paths, --ignore); pytest-xdist's flags only spread the
+    # selected tests over two processes (a file's tests in one, for the slow tier's shared fixtures)
+    assert fast == ["-x", "-m", "not slow", "-n", "2"], fast
+    assert slow == ["-m", "slow", "-n", "2", "--dist", "loadfile"], slow
+    assert fast[2] == f"not {slow[1]}"  # complements: every test is in exactly one tier
     assert "slow:" in " ".join(_pytest_markers())  # the marker the tiers split on is declared
 
 
