@@ -29,7 +29,8 @@ IMPORT_MAP: dict[str, set[str]] = {
     "forge.cli": MIDDLE | SCHEMA | LEAVES | {"forge.serve"},  # never pipelines: it loads one by name
     "pipelines": {"forge.stages"} | MIDDLE | SCHEMA | LEAVES,
     "forge.stages": MIDDLE | SCHEMA | LEAVES,
-    "forge.serve": {"forge.train", "forge.track"} | SCHEMA | LEAVES,  # `forge serve`: the Tinker API over forge.train
+    # `forge serve`: the Tinker API over forge.train; forge.export merges a checkpoint it registers
+    "forge.serve": {"forge.train", "forge.track", "forge.export"} | SCHEMA | LEAVES,
     # the middle layer: each lists the units of that layer it builds on
     "forge.data": LEAVES,                                  # never the recipe: forge.inputs adapts it
     "forge.gen": {"forge.data"} | LEAVES,                  # generate: sources (the stable split); never the recipe

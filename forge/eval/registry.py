@@ -11,8 +11,8 @@ from pathlib import Path
 
 from forge.recipe.eval import higher_is_better
 from forge.track.protocol import Tracker
+from forge.track.registry import CANDIDATE
 
-CANDIDATE = "candidate"
 PRIMARY_METRIC, PRIMARY_VALUE = "forge.primary_metric", "forge.primary_value"
 
 

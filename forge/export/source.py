@@ -72,7 +72,7 @@ def resolve(spec: str, tracking_uri: str | None, workdir: Path) -> Source:
         raise ForgeError(f"source {spec!r}: not a folder, a models:/NAME@ALIAS URI or an MLflow run id")
     src.lineage = _read_lineage(src.folder)
     if (src.folder / "adapter_config.json").is_file():
-        src.base = _adapter_base(src.folder)
+        src.base = adapter_base(src.folder)
     elif not (src.folder / "config.json").is_file():
         raise ForgeError(f"{src.folder}: no config.json (not a Hugging Face checkpoint folder)")
     return src
@@ -171,7 +171,7 @@ def source_tensors(src: Source) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 # --------------------------------------------------------------------------- LoRA
-def _adapter_base(adapter: Path) -> Path:
+def adapter_base(adapter: Path) -> Path:
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ForgeError(f"{adapter}/adapter_config.json: peft_type {cfg['peft_type']!r}: only LoRA adapters are merged")

@@ -9,6 +9,7 @@ from forge.recipe.eval import EvalBlock, FactRecall, Gates, LmEval, MeanReward, 
 from forge.recipe.registry import SETTINGS, AnyStage, StageSettings, kind_name, stage_kinds
 from forge.recipe.rft_settings import RewardSource, RftStage
 from forge.recipe.schema import (
+    MODEL_NAME,
     Base,
     Compute,
     Parallelism,
@@ -45,7 +46,7 @@ __all__ = [
     "NAME", "DataSource", "GeneratedText", "Strict",
     "EvalBlock", "FactRecall", "Gates", "LmEval", "MeanReward", "Preference",
     "SETTINGS", "AnyStage", "StageSettings", "kind_name", "stage_kinds",
-    "Base", "Compute", "Parallelism", "Recipe", "ScratchBase", "Stage", "Tracking",
+    "MODEL_NAME", "Base", "Compute", "Parallelism", "Recipe", "ScratchBase", "Stage", "Tracking",
     "load_recipe", "resolve_paths", "resolved_yaml",
     "CheckpointSettings", "ContextExtension", "DpoStage", "EvalSettings", "Guard", "Lora", "MergeBack",
     "MidtrainStage", "NovaMixture", "Optim", "PostTrainSettings", "PretrainStage", "RewardSource", "RftStage",

@@ -147,8 +147,12 @@ class Compute(Strict):
     calibration: str | None = Field(None, description="a calibration file from `forge plan --calibrate` to apply")
 
 
+# a registered model's name: a recipe's (its Novella registers under it), `forge serve`'s tracking.register
+MODEL_NAME = r"^[A-Za-z][A-Za-z0-9_.-]*$"
+
+
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=MODEL_NAME)
     pipeline: str = Field("novella", pattern=r"^[a-z_][a-z0-9_]*$")
     base: Annotated[Annotated[str, Tag("<path>")] | Annotated[Base, Tag("<scratch>")],
                     Discriminator(lambda v: "<path>" if isinstance(v, str) else "<scratch>")]

@@ -12,6 +12,7 @@ samples from them, and saves and resumes them as forge checkpoints.
     sampling.py        samplers (snapshots of adapters) and their samples, on sampling copies of the bases
     checkpoints.py     saved weights: tinker:// paths, their owners, forge checkpoint folders with lineage
     tracking.py        each training client an MLflow run (forge.track)
+    registration.py    a save_state checkpoint merged into its base and registered (tracking.register)
     state.py           sessions, heartbeats, models and samplers, each of one API key
     worker.py          the one thread that runs model calls, round-robin across clients, and their futures
     served.py          what the routes share

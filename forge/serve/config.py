@@ -14,10 +14,12 @@
     tracking:                        # each training client an MLflow run (default: not tracked)
       uri: sqlite:////data/mlflow.db
       experiment: forge-serve
+      register: served-tiny          # each save_state a new version of this registered model (default: none)
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from forge import catalog
 from forge.errors import ForgeError
+from forge.recipe.schema import MODEL_NAME
 
 KEY_PREFIX = "tml-"  # the SDK refuses to send a key without it (tinker.lib._auth_token_provider)
 
@@ -42,9 +45,20 @@ class BaseSpec(BaseModel):
 
 
 class TrackingSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     uri: str = Field(min_length=1)          # an MLflow tracking URI (sqlite:///FILE, http(s)://SERVER, a folder)
     experiment: str = Field("forge-serve", min_length=1)
+    # `register:` (BaseModel has a `register`): the registered model each save_state's weights,
+    # merged into the base, are a new version of
+    model_name: str | None = Field(None, alias="register")
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name(cls, name: str | None) -> str | None:
+        if name is not None and not re.fullmatch(MODEL_NAME, name):
+            raise ValueError(f"{name!r} is not a registered model name: expected a letter, then letters, digits, "
+                             "'_', '.' or '-' (as a recipe's name)")
+        return name
 
 
 class ServeConfig(BaseModel):
@@ -94,7 +108,7 @@ def load_config(path: str | Path) -> ServeConfig:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ForgeError(f"{file}: {where}: {first['msg']}") from None
+        raise ForgeError(f"{file}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
     check(cfg, file)
     return cfg
 

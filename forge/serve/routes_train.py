@@ -127,6 +127,7 @@ def load(served: Served, entry: ModelEntry, alpha: float, seed: int | None, resu
                   "lora.targets": ",".join(model.adapters.target_modules), "seed": settings.seed,
                   "precision": served.cfg.precision, "resumed_from": resumed_from or ""}
         entry.tracking = RunLog(served.cfg.tracking, entry.id, {"forge.serve.model_id": entry.id,
-                                                                "forge.serve.base_model": spec.name}, params)
+                                                                "forge.serve.base_model": spec.name}, params,
+                                served.workdir)
     entry.served = model
     return model

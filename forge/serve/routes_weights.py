@@ -126,6 +126,8 @@ def _save(served: Served, entry: ModelEntry, path: CheckpointPath, body: wire.Sa
         ckpt.write(folder, model, entry.run, entry.spec, path, training, asked)
         if entry.tracking is not None:
             entry.tracking.checkpoint(path.tinker, str(folder), model.steps)
+            if training:  # the weights kind: a registered model's new version where the config names one
+                entry.tracking.register(folder, path.tinker, model.steps)
         return {"path": path.tinker, "type": "save_weights" if training else "save_weights_for_sampler"}
 
     label = f"{'save_weights' if training else 'save_weights_for_sampler'} {path.tinker}"

@@ -1,16 +1,20 @@
 """Each training client an MLflow run (forge.track.MlflowTracker) in the config's experiment: its
 base and LoRA settings as params, each optim_step's loss, tokens, gradient norm and learning rate
 as metrics at the step's number, each saved checkpoint (tinker path and folder) in checkpoints.json
-and a tag. A run is written by its own thread, which holds it open (MLflow's active run is
-per-thread) from the model's creation until its session ends: a slow or failing store delays no
-model call, and its records are buffered and retried (the tracker's on_error: buffer)."""
+and a tag; with `register:`, each save_state's weights a new version of that registered model
+(forge.serve.registration). A run is written by its own thread, which holds it open (MLflow's
+active run is per-thread) from the model's creation until its session ends: a slow or failing store
+delays no model call, and its records are buffered and retried (the tracker's on_error: buffer)."""
 from __future__ import annotations
 
 import logging
 import queue
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
+from forge.serve import registration
 from forge.serve.config import TrackingSpec
 
 log = logging.getLogger("forge.serve")
@@ -26,8 +30,11 @@ def open_store(spec: TrackingSpec) -> None:
 
 
 class RunLog:
-    def __init__(self, spec: TrackingSpec, name: str, tags: dict[str, str], params: dict[str, Any]):
+    def __init__(self, spec: TrackingSpec, name: str, tags: dict[str, str], params: dict[str, Any],
+                 scratch: Path | None = None):
+        """`name`: the training run's id; `scratch`: where registration copies and merges a checkpoint."""
         self.spec, self.name, self.tags, self.params = spec, name, tags, params
+        self.scratch = scratch or Path(tempfile.gettempdir()) / "forge-serve"
         self.run_id: str | None = None
         self.checkpoints: list[dict[str, Any]] = []
         self._queue: queue.Queue[Write | None] = queue.Queue()
@@ -66,6 +73,23 @@ class RunLog:
         def write(t: Any) -> None:
             t.log_dict(listed, "checkpoints.json")
             t.set_tags({"last_checkpoint": tinker_path})
+
+        self._put(write)
+
+    def register(self, folder: Path, tinker_path: str, step: int) -> None:
+        """A save_state checkpoint as a new version of the config's registered model (if it names
+        one): copied now, on the worker; merged and registered on the run's thread."""
+        name = self.spec.model_name
+        if name is None or self._dead:
+            return
+        try:
+            saved = registration.snapshot(folder, self.scratch / "registering", tinker_path, self.name, step)
+        except OSError:
+            log.exception("registering %s as %s failed; the checkpoint is saved, unregistered", tinker_path, name)
+            return
+
+        def write(t: Any) -> None:
+            registration.register(t, name, saved)
 
         self._put(write)
 

@@ -17,7 +17,8 @@ from forge.scrub import scrub, scrub_dict
 
 def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.PathLike[str]) -> dict[str, Any]:
     """Download a registered Novella (`models:/name@alias` or `models:/name/version`) into `dest`
-    as one Hugging Face folder (weights, config, tokenizer, lineage.json from its run).
+    as one Hugging Face folder (weights, config, tokenizer, and lineage.json: the version's own
+    where it was registered with one, else its run's).
     Returns {'folder', 'name', 'version', 'run_id'}."""
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -41,7 +42,9 @@ def fetch_registered_model(model_uri: str, tracking_uri: str, dest: str | os.Pat
     for part in (raw / "model", raw / "components" / "tokenizer"):  # mlflow.transformers' layout
         for f in part.iterdir() if part.is_dir() else []:
             os.replace(f, folder / f.name)
-    if mv.run_id:
+    if (raw / "lineage.json").is_file():  # the version's own (a served checkpoint's: its run registers several)
+        os.replace(raw / "lineage.json", folder / "lineage.json")
+    elif mv.run_id:
         try:
             mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="lineage.json", dst_path=str(folder))
         except MlflowException:

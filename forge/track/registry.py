@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 TEXT_LIMIT = 5000  # MLflow's longest tag value and model (version) description
 SHOWN_TAGS = ("forge.base", "forge.stages", "forge.gates", "forge.primary_metric", "forge.primary_value")
+CANDIDATE = "candidate"  # the alias every version forge registers takes (a Novella's, a served checkpoint's)
 
 
 def details_path(version: int | str) -> str:
@@ -38,7 +40,11 @@ def split_tags(tags: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
     return shown, details
 
 
-def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tags: dict[str, str]) -> int:
+def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tags: dict[str, str],
+                   files: tuple[str, ...] = ()) -> int:
+    """Log the folder's model and tokenizer on the active run, register them as a new version of
+    `name` with `alias`; `files` of the folder (lineage.json) are logged among the model's own files,
+    where `fetch_registered_model` finds them for this version (a run may register several)."""
     import mlflow
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,9 +56,11 @@ def register_model(model_dir: str | os.PathLike[str], name: str, alias: str, tag
     shown, details = split_tags(tags)
     info = mlflow.transformers.log_model(
         {"model": model, "tokenizer": tokenizer}, name="novella", task="text-generation",
-        registered_model_name=name, tags=shown, pip_requirements=requirements(),
+        tags=shown, pip_requirements=requirements(),
     )
-    version = int(info.registered_model_version)
+    for file in files:  # before the version exists, so that no reader of it finds the model without them
+        mlflow.MlflowClient().log_model_artifact(info.model_id, str(Path(model_dir) / file))
+    version = int(mlflow.register_model(info.model_uri, name).version)  # the logged model (models:/m-...)
     set_alias(name, alias, version)
     set_version_tags(name, version, shown)
     mlflow.log_dict({"model": name, "version": version, **details}, details_path(version))

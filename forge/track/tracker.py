@@ -352,9 +352,12 @@ class MlflowTracker:
 
     # ------------------------------------------------------- registry (forge.track.registry)
     def register_model(self, model_dir: str | os.PathLike[str], name: str, alias: str,
-                       tags: dict[str, str]) -> int | None:
-        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias."""
-        return registry.register_model(model_dir, name, alias, scrub_tree(tags)) if self.enabled else None
+                       tags: dict[str, str], files: tuple[str, ...] = ()) -> int | None:
+        """Log a Hugging Face checkpoint as an MLflow transformers model, register it, set the alias;
+        `files` of the folder (lineage.json) travel with the model (forge.track.registry)."""
+        if not self.enabled:
+            return None
+        return registry.register_model(model_dir, name, alias, scrub_tree(tags), files)
 
     def describe_model(self, name: str, version: int, markdown: str, model_markdown: str | None = None) -> None:
         """The version's description (Markdown, on its registry page); the registered model gets

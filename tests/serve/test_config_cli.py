@@ -48,7 +48,7 @@ def test_keys_may_come_from_the_environment_and_names_are_unique(tmp_path, tiny_
     assert cfg.keys() == {KEY, "tml-second"}
     twice = config(tiny_checkpoint)
     twice["models"] *= 2
-    with pytest.raises(ForgeError, match="models: Value error, model names must be unique; repeated: \\['tiny'\\]"):
+    with pytest.raises(ForgeError, match="models: model names must be unique; repeated: \\['tiny'\\]"):
         load_config(_write(tmp_path, twice))
 
 
