@@ -90,8 +90,6 @@ def serving_process(cfg: dict[str, Any], folder: Path, prelude: str = "") -> Ite
     """`forge serve` as a child process on 127.0.0.1 (signals at their defaults), run by a launcher
     script in `folder` that runs `prelude` (a test's patches, Python source) and then forge's own
     command line; killed at the end if it is still running."""
-    import httpx
-
     from servers import ROOT, free_port, kill_tree, poll, spawn
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,18 +102,22 @@ def serving_process(cfg: dict[str, Any], folder: Path, prelude: str = "") -> Ite
         proc = spawn([sys.executable, str(launcher), "serve", "--config", str(config_file), "--port", str(port)],
                      cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None  # stop waiting when it died
-
     try:
-        assert poll(up, 120) and proc.poll() is None, f"forge serve did not start:\n{log.read_text()}"
+        assert poll(lambda: up(url, proc), 120) and proc.poll() is None, f"forge serve did not start:\n{log.read_text()}"
         yield Child(url, proc, log)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
+
+
+def up(url: str, proc: subprocess.Popen) -> bool:
+    """Whether the forge serve child at `url` answers its health check, or has died (stop waiting)."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return proc.poll() is not None
 
 
 def rows(n: int) -> list[tuple[int, str, dict]]:

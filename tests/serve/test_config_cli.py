@@ -15,7 +15,7 @@ from catalog_testing import write_tiny_foundation
 from forge.errors import ForgeError
 from forge.serve.config import load_config
 from servers import ROOT, free_port, kill_tree, poll, spawn
-from serving import KEY, config, serving
+from serving import KEY, config, serving, up
 
 tinker = pytest.importorskip("tinker")
 
@@ -78,14 +78,8 @@ def test_forge_serve_listens_on_this_machine_and_stops_on_ctrl_c(tmp_path, tiny_
                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
 
-    def up() -> bool:
-        try:
-            return httpx.get(f"{base}/api/v1/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None  # stop waiting when it died
-
     try:
-        assert poll(up, 120) and proc.poll() is None, "forge serve did not start"
+        assert poll(lambda: up(base, proc), 120) and proc.poll() is None, "forge serve did not start"
         assert httpx.get(f"{base}/api/v1/get_server_capabilities").status_code == 401
         caps = httpx.get(f"{base}/api/v1/get_server_capabilities", headers={"X-API-Key": KEY}).json()
         assert caps["supported_models"][0]["model_name"] == "tiny"
