@@ -5,7 +5,9 @@ still fits it. Position ids restart at 0 for every example, and packed batches c
 mask: transformers then builds a block-diagonal causal mask from the restarting position ids
 (`masking_utils.find_packed_sequence_indices`; flash-attention derives `cu_seqlens` from them the
 same way), so attention stays inside each example and packed and unpacked training give the same
-loss (forge.train.losses.masked_lm_loss: the token-level mean over labelled tokens).
+loss (forge.train.losses.masked_lm_loss: the token-level mean over labelled tokens). A batch also
+carries the indices that lay it out as one row per example (`segments`), with which
+forge.train.attention runs causal attention without that mask.
 """
 from __future__ import annotations
 
@@ -108,7 +110,40 @@ def collate(blocks: list[dict]) -> dict[str, torch.Tensor]:
     batch = {k: torch.tensor([b[k] for b in blocks], dtype=torch.long) for k in ("input_ids", "labels", "position_ids")}
     if any("teach" in b for b in blocks):
         batch["teach"] = torch.tensor([b.get("teach", [False] * len(b["input_ids"])) for b in blocks], dtype=torch.bool)
+    gathers, batch["segment_scatter"] = segments(batch["position_ids"])
+    batch.update({f"segment_gather_{i}": g for i, g in enumerate(gathers)})
     return batch
+
+
+def segments(position_ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Index tensors that lay a packed (batch, seq_len) batch out as one row per example (an example
+    starts where its position ids restart; a block's padding is an example of its own), in groups
+    of examples whose lengths lie within a factor of two, each group right-padded to its longest
+    (so padding at most doubles an example's length): `gathers`, per group (examples, longest),
+    each example's token places in the flattened batch, its last place repeated as padding;
+    `scatter` (batch x seq_len), each token's place in the groups' flattened layouts laid end to
+    end. Made on the host with the batch, so the attention that uses them (forge.train.attention)
+    reads nothing from the device."""
+    rows, width = position_ids.shape
+    flat = position_ids.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1] + 1
+    starts[::width] = True  # an example never spans two rows
+    first = starts.nonzero().squeeze(1).tolist()
+    lengths = [b - a for a, b in zip(first, first[1:] + [flat.numel()])]
+    order = sorted(range(len(first)), key=lambda i: -lengths[i])
+    gathers, scatter, offset, k = [], torch.empty(flat.numel(), dtype=torch.long), 0, 0
+    while k < len(order):
+        longest = lengths[order[k]]
+        group = [i for i in order[k:] if 2 * lengths[i] > longest] or [order[k]]
+        k += len(group)
+        head = torch.tensor([first[i] for i in group])[:, None]
+        size = torch.tensor([lengths[i] for i in group])[:, None]
+        gathers.append(head + torch.minimum(torch.arange(longest)[None], size - 1))
+        for row, i in enumerate(group):
+            scatter[first[i]:first[i] + lengths[i]] = offset + row * longest + torch.arange(lengths[i])
+        offset += len(group) * longest
+    return gathers, scatter
 
 
 def pad_batches(examples: list[dict], batch_size: int, pad_id: int) -> tuple[list[dict], float]:

@@ -15,7 +15,7 @@ import torch
 from torch.optim.optimizer import StateDict
 
 from forge.errors import ForgeError
-from forge.train import checkpoint as files
+from forge.train import attention, checkpoint as files
 from forge.train.checkpoint import HfModel
 from forge.train.settings import LoraSettings
 
@@ -88,6 +88,7 @@ class FullCheckpointer:
             model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, use_safetensors=True)
         except (OSError, ValueError) as e:
             raise ForgeError(f"cannot load checkpoint {path}: {e}") from None
+        attention.use_packed_attention(model)  # packed SFT rows: one causal row per example
         return model, tokenizer
 
     def bind(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

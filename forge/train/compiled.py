@@ -11,6 +11,7 @@ from typing import Callable, ParamSpec, TypeVar
 
 import torch
 
+from forge.train import attention
 from forge.train.fsdp import decoder_layers, hf_model
 
 P = ParamSpec("P")
@@ -21,6 +22,8 @@ def compile_layers(model: torch.nn.Module, where: str) -> int:
     """Compile every decoder layer's training forward (a transformers model, or PEFT around one);
     returns how many. A model without known decoder layers is refused, naming the stage."""
     layers = decoder_layers(hf_model(model), f"{where}: compile: true", "set compile: false")
+    if attention.uses_packed_attention(hf_model(model)):  # its per-batch layout would recompile every step
+        hf_model(model).set_attn_implementation("sdpa")
     for layer in layers:
         layer.forward = _training_compiled(layer.forward)
     return len(layers)

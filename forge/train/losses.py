@@ -9,6 +9,8 @@ from typing import Protocol, cast
 import torch
 import torch.nn.functional as F
 
+from forge.train import attention
+
 IGNORE = -100  # label of a token that carries no loss (prompts, padding, other turns)
 
 
@@ -55,7 +57,7 @@ def distilled_lm_loss_sum(model: torch.nn.Module, teacher: torch.nn.Module, batc
         return ce.sum(), keep.sum(), ce.new_zeros(())
     taught, rows = at[keep].nonzero().squeeze(1), at.any(dim=1)  # taught tokens' places among the kept
     with torch.no_grad():  # the teacher reads only the rows that hold replayed text, its head only their tokens
-        rows_only = {k: v[rows] for k, v in batch.items()}
+        rows_only = {k: v[rows] for k, v in batch.items() if not k.startswith(attention.PREFIX)}  # row-aligned ones
         want = F.log_softmax(target_logits(teacher, rows_only, at[rows]), dim=-1)  # row-major: logp[taught]'s order
     kl = F.kl_div(logp.index_select(0, taught), want, log_target=True, reduction="none").sum(-1)
     total = ce.sum() - weight * ce.index_select(0, taught).sum() + weight * kl.sum()
@@ -73,11 +75,13 @@ def target_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: 
     from the decoder and head alone where the model allows: the head and softmax run only where a
     loss is taken (SFT: the answers)."""
     # use_cache off: a cache would disable packed masks
-    kwargs: dict[str, torch.Tensor | bool] = {"input_ids": batch["input_ids"], "use_cache": False}
+    kwargs: dict[str, torch.Tensor | tuple[torch.Tensor, ...] | bool] = {"input_ids": batch["input_ids"], "use_cache": False}
     if "position_ids" in batch:
         if "attention_mask" in batch:
             raise ValueError("a packed batch must not carry an attention mask (it would hide the packing)")
         kwargs["position_ids"] = batch["position_ids"]
+        if attention.uses_packed_attention(model):
+            kwargs.update(attention.segment_kwargs(batch))  # one causal row per example
     elif "attention_mask" in batch:
         kwargs["attention_mask"] = batch["attention_mask"]
     body_head = _body_and_head(model)

@@ -16,6 +16,7 @@ from forge.plan.device_peak import chip_key_for_device, flops_per_token, peak_fl
 from forge.plan.recipe_plan import recipe_model_config
 from forge.recipe import PretrainStage, load_recipe
 from forge.stages.result import StageInputs
+from forge.train import attention
 from forge.train.meter import Flops
 from forge.train.optim import build_optimizer
 from forge.train.session import open_session
@@ -114,7 +115,7 @@ def test_compile_compiles_each_decoder_layer_and_trains_as_eager(tmp_path, tiny_
 
 def test_models_load_with_sdpa_attention(tmp_path, tiny_checkpoint):
     s = open_session(PretrainStage(**pretrain_stage(max_steps=1)), StageInputs(tiny_checkpoint, {}, tmp_path, None))
-    assert s.unwrapped().config._attn_implementation == "sdpa"
+    assert s.unwrapped().config._attn_implementation == attention.NAME  # SDPA, packed rows one causal row each
 
 
 def _optim(fused):
