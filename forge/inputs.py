@@ -8,6 +8,7 @@ from typing import Any
 
 from forge import catalog
 from forge.data.augment import augment_source
+from forge.data.cloze import cloze_source
 from forge.data.hygiene import Hygiene
 from forge.data.objstore import is_remote, mirror
 from forge.data.parallel import use_engine
@@ -31,6 +32,9 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
 
 
 def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
+    if cfg.cloze is not None:
+        raise ForgeError(f"data.{name}: its questions are made from data.{cfg.cloze} when a run prepares its data "
+                         "(forge run); it cannot be read on its own")
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
     common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout,
               "max_records": cfg.max_records, "max_tokens": cfg.max_tokens}
@@ -87,12 +91,19 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     inside `main_process_first()` when several processes run)."""
     layout = RunLayout(out)
     with phase(f"data: reading {len(recipe.data)} source(s) ({', '.join(recipe.data)}) and fingerprinting them"):
-        raw = {name: resolve_source(name, cfg, layout.data) for name, cfg in recipe.data.items()}
+        raw = {name: resolve_source(name, cfg, layout.data) for name, cfg in recipe.data.items() if cfg.cloze is None}
         fingerprints = {name: src.fingerprint() for name, src in raw.items()}
     evals = set(recipe.hygiene.decontaminate_against)
-    todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals]
+    todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals and n in raw]
     use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, layout.data, recipe.prepare)
+    for name, cfg in recipe.data.items():  # from the origin's cleaned documents, before their renderings
+        if cfg.cloze is not None:
+            with phase(f"data: writing fill-in-the-blank questions of {cfg.cloze}'s documents as {name}"):
+                origin = sources[cfg.cloze]
+                raw[name] = sources[name] = cloze_source(name, origin, origin.fingerprint(), layout.data,
+                                                         cfg.holdout, cfg.proprietary)
+                fingerprints[name] = raw[name].fingerprint()
     augmented: dict[str, dict[str, Any]] = {}
     for name, cfg in recipe.data.items():
         a = cfg.augment  # after hygiene: dedup never sees the copies

@@ -161,11 +161,18 @@ class DataSource(Strict):
     max_errors: int = Field(100, ge=0, description="with on_error: skip, more bad records than this still fail")
     augment: Augment | None = Field(None, description="more renderings of each document, and model-written "
                                     "paraphrases and question-answer pairs (text sources)")
+    cloze: str | None = Field(None, pattern=NAME, description="fill-in-the-blank questions (chat records) made from the "
+                               "sentences of another source's training documents: one per number or name each "
+                               "states (forge.data.cloze)")
 
     @model_validator(mode="after")
     def _one_origin(self) -> DataSource:
-        if sum(x is not None for x in (self.path, self.hub, self.generate, self.source)) != 1:
-            raise ValueError("give exactly one of 'path', 'hub', 'generate' or 'source'")
+        if sum(x is not None for x in (self.path, self.hub, self.generate, self.source, self.cloze)) != 1:
+            raise ValueError("give exactly one of 'path', 'hub', 'generate', 'source' or 'cloze'")
+        if self.cloze is not None:
+            if self.chat is not None and self.chat.kind != "messages":
+                raise ValueError("cloze: writes chat records of kind 'messages'; leave 'chat' out")
+            self.chat = self.chat or FormatSpec("messages")
         if self.source is not None:
             self._from_catalog()
         elif self.revision is not None and self.hub is None:

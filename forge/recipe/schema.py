@@ -219,6 +219,12 @@ def _data_problems(recipe: Recipe) -> list[str]:
     for j, src in enumerate(recipe.hygiene.decontaminate_against):
         if src not in recipe.data:
             problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
+    for name, cfg in recipe.data.items():
+        origin = recipe.data.get(cfg.cloze or "")
+        if cfg.cloze is not None and (origin is None or origin.chat is not None or origin.cloze is not None):
+            what = "an unknown source" if origin is None else "chat records, not documents"
+            problems.append(f"data.{name}.cloze: {cfg.cloze!r} is {what}; name a source of plain-text documents, "
+                            f"one of {sorted(n for n, c in recipe.data.items() if c.chat is None)}")
     for i, stage in enumerate(recipe.stages):
         problems += _source_problems(recipe, i, stage)
     return problems
