@@ -99,7 +99,7 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, layout.data, recipe.prepare)
     for name, cfg in recipe.data.items():  # from the origin's cleaned documents, before their renderings
         if cfg.cloze is not None:
-            with phase(f"data: writing fill-in-the-blank questions of {cfg.cloze}'s documents as {name}"):
+            with phase(f"data: writing fill-in-the-blank questions of the documents of {cfg.cloze} as {name}"):
                 origin = sources[cfg.cloze]
                 raw[name] = sources[name] = cloze_source(name, origin, origin.fingerprint(), layout.data,
                                                          cfg.holdout, cfg.proprietary)

@@ -5,9 +5,9 @@ about them: reading "The Zimeth P5 weighs 6600 grams" teaches a continuation, no
 facts nobody wrote questions for (a customer's manuals, catalogues, tickets), each sentence of
 each training document becomes one question per value it states: "Fill in the blank: The Zimeth P5
 weighs ___." with "6600 grams" as the answer. Trained in SFT beside the questions the customer has
-(for other entities), the model learns to answer from what the documents stored. On the quickstart,
-products known only from their pages: 26.4% of held-out questions answered without these
-questions, 88.9% with them (recipes/quickstart.yaml).
+(for other entities), the model learns to answer from what the documents stored (what it adds on
+the quickstart's document-only products: recipes/quickstart.yaml). Blanking only a sentence's
+last value did no better over three seeds there.
 
 A value is a number with the unit word after it, or a name: a run of capitalised or digit-bearing
 words (not a sentence's opening word alone, nor an opening "The", "For", ...). No model is asked
