@@ -33,8 +33,8 @@ def resolve_source(name: str, cfg: DataSource, generated_dir: Path) -> Source:
 
 def _resolve_files(name: str, cfg: DataSource, generated_dir: Path) -> Source:
     if cfg.cloze is not None:
-        raise ForgeError(f"data.{name}: its questions are made from data.{cfg.cloze} when a run prepares its data "
-                         "(forge run); it cannot be read on its own")
+        raise ForgeError(f"data.{name}: its questions are made from data.{cfg.cloze} when a recipe's data is "
+                         "prepared (forge run RECIPE, forge eval RECIPE); it cannot be read on its own")
     fields = (cfg.text_field,) if isinstance(cfg.text_field, str) else tuple(cfg.text_field)
     common = {"on_error": cfg.on_error, "max_errors": cfg.max_errors, "holdout": cfg.holdout,
               "max_records": cfg.max_records, "max_tokens": cfg.max_tokens}
@@ -101,8 +101,9 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         if cfg.cloze is not None:
             with phase(f"data: writing fill-in-the-blank questions of the documents of {cfg.cloze} as {name}"):
                 origin = sources[cfg.cloze]
+                proprietary = cfg.proprietary if "proprietary" in cfg.model_fields_set else origin.proprietary
                 raw[name] = sources[name] = cloze_source(name, origin, origin.fingerprint(), layout.data,
-                                                         cfg.holdout, cfg.proprietary)
+                                                         cfg.holdout, proprietary)
                 fingerprints[name] = raw[name].fingerprint()
     augmented: dict[str, dict[str, Any]] = {}
     for name, cfg in recipe.data.items():

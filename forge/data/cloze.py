@@ -6,8 +6,7 @@ facts nobody wrote questions for (a customer's manuals, catalogues, tickets), ea
 each training document becomes one question per value it states: "Fill in the blank: The Zimeth P5
 weighs ___." with "6600 grams" as the answer. Trained in SFT beside the questions the customer has
 (for other entities), the model learns to answer from what the documents stored (what it adds on
-the quickstart's document-only products: recipes/quickstart.yaml). Blanking only a sentence's
-last value did no better over three seeds there.
+the quickstart's document-only products: recipes/quickstart.yaml).
 
 A value is a number with the unit word after it, or a name: a run of capitalised or digit-bearing
 words (not a sentence's opening word alone, nor an opening "The", "For", ...). No model is asked
@@ -27,6 +26,7 @@ from forge.data.augment import sentences
 from forge.data.formats import FormatSpec
 from forge.data.mixing import in_holdout
 from forge.data.sources import Source
+from forge.errors import ForgeError
 
 PROMPT = "Fill in the blank: "
 BLANK = "___"
@@ -70,8 +70,9 @@ def spans(sentence: str) -> list[tuple[int, int]]:
             continue
         if _named(words[i][1]):
             j = i
-            while j + 1 < len(words) and _named(words[j + 1][1]) and words[j][1] == words[j][1].rstrip(_EDGE):
-                j += 1
+            while j + 1 < len(words) and _named(words[j + 1][1]) and words[j][1] == words[j][1].rstrip(_EDGE) \
+                    and not words[j + 1][1].startswith(tuple(_EDGE)) and not _NUMBER.fullmatch(_bare(words[j + 1][1])):
+                j += 1  # a name ends at punctuation, before a bracket and before a number (which keeps its unit)
             first = i
             while first == 0 and first < j and _bare(words[first][1]).lower() in _COMMON:
                 first += 1  # "The Zimeth P5" opening a sentence: the name is "Zimeth P5"
@@ -98,7 +99,8 @@ def cloze_source(name: str, origin: Source, fingerprint: str, out_dir: Path, hol
     """A chat source `name` of the fill-in-the-blank questions of `origin`'s training documents
     (each question once, in the documents' order), written once as JSONL under `out_dir`, keyed by
     `origin`'s fingerprint."""
-    key = hashlib.sha256(f"cloze:{fingerprint}:{origin.holdout_key}:{origin.holdout}".encode()).hexdigest()[:16]
+    rules = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # other rules write other questions
+    key = hashlib.sha256(f"cloze:{rules}:{fingerprint}:{origin.holdout_key}:{origin.holdout}".encode()).hexdigest()[:16]
     path = out_dir / f"cloze-{name}-{key}.jsonl"
     if not path.is_file():
         seen: set[str] = set()
@@ -114,7 +116,12 @@ def cloze_source(name: str, origin: Source, fingerprint: str, out_dir: Path, hol
                         f.write(json.dumps({"messages": [{"role": "user", "content": q},
                                                          {"role": "assistant", "content": a}]},
                                            ensure_ascii=False) + "\n")
+        if not seen:
+            tmp.unlink()
+            raise ForgeError(f"data.{name}.cloze: the training documents of data.{origin.name} state no number or "
+                             "name to ask for (forge.data.cloze.spans)")
         os.replace(tmp, path)
-    return replace(origin, name=name, files=(path,), format="jsonl", text_fields=("text",), split="paragraph",
-                   hub=None, saved_dataset=None, max_records=None, max_tokens=None, split_key=None,
+    return replace(origin, name=name, skipped={}, on_error="fail", files=(path,), format="jsonl",
+                   text_fields=("text",), split="paragraph", hub=None, saved_dataset=None, max_records=None,
+                   max_tokens=None, split_key=None,
                    holdout=holdout, proprietary=proprietary, chat=FormatSpec("messages"))

@@ -4,9 +4,10 @@ region, policies and support answers; written as paraphrase-augmented documents 
 pretraining), question-answer chat records (SFT) and an evaluation set that asks every fact once in
 a training phrasing and once in a held-out one (forge/gen/kb_phrasings.yaml holds the phrasings).
 A third of the product lines are document-only: their facts are in the documents and in no question
-of any training set, so the evaluation's `doconly` split asks what only continued pretraining taught,
-and its `stated` split gives the documents' own sentences up to the value, to complete: whether the
-model stored a fact, apart from whether a question gets it out.
+this module writes for training, so the evaluation's `doconly` split asks what the model learned from
+the documents alone (the pages themselves, and what forge derives from them, such as the quickstart's
+fill-in-the-blank questions), and its `stated` split gives the documents' own sentences up to the
+value, to complete: whether the model stored a fact, apart from whether a question gets it out.
 
 Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_chat | kb_qa | kb_eval, documents: N, seed: S}`.
 """

@@ -170,9 +170,11 @@ class DataSource(Strict):
         if sum(x is not None for x in (self.path, self.hub, self.generate, self.source, self.cloze)) != 1:
             raise ValueError("give exactly one of 'path', 'hub', 'generate', 'source' or 'cloze'")
         if self.cloze is not None:
-            if self.chat is not None and self.chat.kind != "messages":
-                raise ValueError("cloze: writes chat records of kind 'messages'; leave 'chat' out")
-            self.chat = self.chat or FormatSpec("messages")
+            reading = sorted(self.model_fields_set - {"cloze", "proprietary", "holdout"})
+            if reading:
+                raise ValueError(f"cloze: its questions come from data.{self.cloze}'s cleaned documents, so "
+                                 f"{reading} would not apply; give them on data.{self.cloze}")
+            self.chat = FormatSpec("messages")
         if self.source is not None:
             self._from_catalog()
         elif self.revision is not None and self.hub is None:

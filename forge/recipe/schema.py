@@ -219,6 +219,9 @@ def _data_problems(recipe: Recipe) -> list[str]:
     for j, src in enumerate(recipe.hygiene.decontaminate_against):
         if src not in recipe.data:
             problems.append(f"hygiene.decontaminate_against[{j}]: unknown data source {src!r}")
+        elif recipe.data[src].cloze is not None:
+            problems.append(f"hygiene.decontaminate_against[{j}]: data.{src} is made after hygiene (cloze:); "
+                            "name an evaluation set read from files")
     for name, cfg in recipe.data.items():
         origin = recipe.data.get(cfg.cloze or "")
         if cfg.cloze is not None and (origin is None or origin.chat is not None or origin.cloze is not None):

@@ -30,6 +30,7 @@ def values(sentence: str) -> list[str]:
     ("Returns are accepted for 30 days (Plus tier).", ["30 days", "Plus"]),
     ("Customers love it.", []),  # an opening capital alone is no name
     ("It ships in 3 to 5 days.", ["3", "5 days"]),  # "to" is no unit
+    ("The Model X-200 (2019) has a 3.5 inch screen.", ["Model X-200", "2019", "3.5 inch"]),  # names end at a bracket
 ])
 def test_spans_are_the_numbers_with_their_unit_and_the_names(sentence, want):
     assert values(sentence) == want
@@ -110,3 +111,16 @@ output: out
             load_recipe(recipe)
     with pytest.raises(ForgeError, match=r"data\.blanks: its questions are made from data\.docs"):
         resolve_source("blanks", DataSource(cloze="docs"), tmp_path)
+    recipe.write_text(body.replace("blanks: {cloze: %s}", "blanks: {cloze: docs, max_records: 5, hygiene: true}"))
+    with pytest.raises(ForgeError, match=r"data\.blanks.*\['hygiene', 'max_records'\] would not apply; give them on data\.docs"):
+        load_recipe(recipe)
+    recipe.write_text((body % "docs") + "hygiene: {decontaminate_against: [blanks]}\n")
+    with pytest.raises(ForgeError, match=r"decontaminate_against\[0\]: data\.blanks is made after hygiene"):
+        load_recipe(recipe)
+
+
+def test_a_source_of_documents_without_values_is_named(tmp_path):
+    src = _source(tmp_path, ["nothing here to ask.", "still nothing."], holdout=0.0)
+    with pytest.raises(ForgeError, match=r"data\.blanks\.cloze: the training documents of data\.docs state no number"):
+        cloze_source("blanks", src, src.fingerprint(), tmp_path / "out", 0.0, False)
+    assert not list((tmp_path / "out").glob("*"))  # nothing half-written
