@@ -142,6 +142,14 @@ def sft_tokens(tokenizer: Any, n: int, seq_len: int) -> list[dict]:
     return out
 
 
+def short_datum() -> Any:
+    """Four tokens and their next tokens, for a test that needs a step, not a figure."""
+    from tinker import types
+
+    return types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
+                       loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
+
+
 def datum(example: dict, scale: float = 1.0) -> Any:
     """The SDK's Datum of a forge SFT example: input tokens[:-1], targets tokens[1:], weight `scale`
     where forge's labels carry loss (the answer) and 0 elsewhere."""

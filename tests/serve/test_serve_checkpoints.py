@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from servers import ROOT
-from serving import KEY, OTHER_KEY, config, datum, max_difference, serving, sft_tokens, trainable
+from serving import KEY, OTHER_KEY, config, datum, max_difference, serving, sft_tokens, short_datum, trainable
 
 tinker = pytest.importorskip("tinker")
 checkpoint_utils = pytest.importorskip("tinker_cookbook.checkpoint_utils")  # .ci/run installs it
@@ -153,8 +153,7 @@ def test_a_saved_checkpoint_is_a_forge_checkpoint_forge_eval_and_export_accept(t
         try:
             # train_unembed (the SDK's default) adapts the head the tiny base ties to its embeddings
             tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
-            d = types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
-                            loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
+            d = short_datum()
             for _ in range(3):  # small steps: a random tiny model with large adapters amplifies bf16 rounding
                 tc.forward_backward([d], "cross_entropy")
                 tc.optim_step(types.AdamParams(learning_rate=2e-3)).result()

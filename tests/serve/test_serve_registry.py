@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from serving import KEY, config, serving
+from serving import KEY, config, serving, short_datum
 
 tinker = pytest.importorskip("tinker")
 
@@ -40,8 +40,7 @@ def test_a_saved_state_is_a_registered_version_forge_export_reads(tiny_checkpoin
         try:
             # train_unembed (the SDK's default) adapts the head the tiny base ties: the version is untied
             tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
-            d = types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
-                            loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
+            d = short_datum()
             tc.forward_backward([d], "cross_entropy")
             tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
             saved = tc.save_state("a").result()

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from servers import poll
-from serving import KEY, config, serving, serving_process
+from serving import KEY, config, serving, serving_process, short_datum
 
 tinker = pytest.importorskip("tinker")
 
@@ -46,15 +46,8 @@ checkpoints.files.write_manifest = held
 '''
 
 
-def _datum():
-    from tinker import types
-
-    return types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
-                       loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
-
-
 def _logprobs(tc) -> list[float]:
-    return tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    return tc.forward([short_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
 
 
 @pytest.mark.slow
@@ -70,7 +63,7 @@ def test_sigterm_mid_save_leaves_every_checkpoint_whole_and_loadable(tiny_checkp
     with serving_process(cfg, tmp_path / "child", HOLD.format(marker=str(marker))) as child:
         sc = tinker.ServiceClient(base_url=child.url, api_key=KEY)
         tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=2).result()
-        tc.forward_backward([_datum()], "cross_entropy")
+        tc.forward_backward([short_datum()], "cross_entropy")
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         before = _logprobs(tc)
         a = tc.save_state("a").result().path

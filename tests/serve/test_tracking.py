@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from serving import KEY, config, serving
+from serving import KEY, config, serving, short_datum
 
 tinker = pytest.importorskip("tinker")
 
@@ -21,8 +21,7 @@ def test_every_training_client_is_an_mlflow_run(tiny_checkpoint, tmp_path):
         sc = tinker.ServiceClient(base_url=srv.url, api_key=KEY)
         try:
             tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
-            d = types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9, 17]),
-                            loss_fn_inputs={"target_tokens": [5, 9, 17, 2]})
+            d = short_datum()
             steps = []
             for _ in range(3):
                 tc.forward_backward([d, d], "cross_entropy")
