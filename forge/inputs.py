@@ -97,12 +97,19 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
     todo = [n for n, cfg in recipe.data.items() if cfg.cleaned and n not in evals and n in raw]
     use_engine(recipe.prepare)  # the token caches' engine too (prepare.engine)
     sources, hygiene = clean_sources(recipe.hygiene, raw, todo, fingerprints, layout.data, recipe.prepare)
+    cleaned: dict[str, str] = {}  # fingerprints of cleaned sources, read once: each hashes every byte
+
+    def cleaned_fingerprint(name: str) -> str:
+        if name not in cleaned:
+            cleaned[name] = sources[name].fingerprint()
+        return cleaned[name]
+
     for name, cfg in recipe.data.items():  # from the origin's cleaned documents, before their renderings
         if cfg.cloze is not None:
             with phase(f"data: writing fill-in-the-blank questions of the documents of {cfg.cloze} as {name}"):
                 origin = sources[cfg.cloze]
                 proprietary = cfg.proprietary if "proprietary" in cfg.model_fields_set else origin.proprietary
-                raw[name] = sources[name] = cloze_source(name, origin, origin.fingerprint(), layout.data,
+                raw[name] = sources[name] = cloze_source(name, origin, cleaned_fingerprint(cfg.cloze), layout.data,
                                                          cfg.holdout, proprietary)
                 fingerprints[name] = raw[name].fingerprint()
     augmented: dict[str, dict[str, Any]] = {}
@@ -110,7 +117,7 @@ def prepare_inputs(recipe: Recipe, out: Path) -> Inputs:
         a = cfg.augment  # after hygiene: dedup never sees the copies
         if a is None or (a.renderings == 1 and a.rewrite is None):
             continue
-        fingerprint, extra = sources[name].fingerprint(), None  # read once: it hashes every byte
+        fingerprint, extra = cleaned_fingerprint(name), None
         if a.rewrite is not None:
             extra, augmented[name] = _rewrite(name, a.rewrite, sources[name], fingerprint, recipe, raw, layout.data)
         with phase(f"data: writing {a.renderings} rendering(s) of each document of {name}"
