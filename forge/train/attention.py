@@ -1,9 +1,8 @@
 """Attention over packed rows as one causal block per example.
 
 transformers turns restarting position ids into a block-diagonal boolean mask (B, 1, L, L) and
-hands it to SDPA, which must then score every key of a row against every query: a mask disables
-the causal fast path, so a row of one 512-token example costs twice its causal work, and every row
-of the batch pays once any row holds two examples. Here each example becomes a row of its own,
+hands it to SDPA: a mask turns off the causal fast path for the whole batch once any row holds two
+examples, and a long row scores keys its examples never see. Here each example becomes a row of its own,
 right-padded to the longest of its group (examples of like length): causal attention within that
 row is exactly the block-diagonal mask (a padded key comes after every real query), so SDPA runs
 with `is_causal=True` and no mask. transformers still builds its mask for the layers' call (one
