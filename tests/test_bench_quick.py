@@ -13,6 +13,7 @@ from forge_testing import REPO, SHARED
 
 # benchmark -> (its quick command's arguments, the rows its table must hold, needs ../shared/data)
 QUICK = {
+    "bench_attention.py": (["--quick"], ["head_dim 8, 8 heads, 4 x 256", "head_dim 32, 4 heads, 2 x 512"], False),
     "bench_pretrain.py": (["--quick"], ["bare loop (same blocks)", "forge pretrain stage"], False),
     "bench_sft.py": (["--quick"], ["forge (packed best-fit)", "bare loop (same packed batches)",
                                    "bare loop, denormals not flushed", "TRL SFTTrainer defaults", "HF Trainer (padded)"], True),

@@ -1,21 +1,27 @@
-"""Attention over packed rows as one causal block per example.
+"""Causal attention for training: packed rows as one causal row per example, and on a CPU in
+blocks of queries.
 
 transformers turns restarting position ids into a block-diagonal boolean mask (B, 1, L, L) and
 hands it to SDPA: a mask turns off the causal fast path for the whole batch once any row holds two
 examples, and a long row scores keys its examples never see. Here each example becomes a row of its own,
 right-padded to the longest of its group (examples of like length): causal attention within that
 row is exactly the block-diagonal mask (a padded key comes after every real query), so SDPA runs
-with `is_causal=True` and no mask. transformers still builds its mask for the layers' call (one
-per forward, unused here); on this project's CPUs the kernel's saving is about 5% of an SFT step at
-forge-tiny's shape and none at head_dim 8 (bench_sft), where the masked kernel costs what the
-causal one does.
+causal with no mask. transformers still builds its mask for the layers' call (one per forward,
+unused here).
+
+On a CPU, PyTorch's flash kernel takes up to 512 keys as one block and computes the masked half of
+a causal row anyway; so a causal call over 2 blocks to 512 tokens runs one query block at a time,
+each against the keys up to its end (about 20-30% off attention's forward and backward at
+seq_len 256-512, head_dim 8 to 128: bench/bench_attention.py). Past 512 tokens the kernel splits
+the keys itself and skips what the mask hides; a GPU's kernels always do.
 
 The gather and scatter indices are made on the host with the batch (forge.data.packing.collate),
 so the step reads nothing from the device. Registered with transformers' public AttentionInterface
-under NAME; any call without the indices (evaluation, generation, a padded batch) is plain SDPA.
+under NAME; a call with a mask (evaluation of padded rows, generation) is plain SDPA.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -25,6 +31,7 @@ from transformers.masking_utils import sdpa_mask
 
 NAME = "forge_packed_sdpa"
 _sdpa: Callable[..., tuple[torch.Tensor, None]] = sdpa_attention_forward  # transformers' own, any keyword
+CPU_LONGEST = 512  # past it the CPU kernel splits the keys and skips the masked ones itself
 PREFIX = "segment_"  # the batch's index tensors (forge.data.packing.segments): segment_gather_<i>, segment_scatter
 
 
@@ -61,12 +68,18 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 attention_mask: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, None]:
     """SDPA over (batch, heads, seq, dim) tensors; given a packed batch's index tensors
     (`segment_gathers`, `segment_scatter`: segment_kwargs), one causal row per example, a call per
-    group of examples of like length (forge.data.packing.segments)."""
+    group of examples of like length (forge.data.packing.segments); causal_sdpa for a causal call
+    with no mask; transformers' SDPA for any other."""
     gathers, scatter = kwargs.pop("segment_gathers", ()), kwargs.pop("segment_scatter", None)
     b, heads, length, _ = query.shape
-    if not (isinstance(gathers, tuple) and gathers and isinstance(scatter, torch.Tensor)) \
-            or scatter.numel() != b * length or key.shape[2] != length \
-            or kwargs.get("sliding_window") or kwargs.get("position_bias") is not None:  # not this batch's layout
+    plain = kwargs.get("sliding_window") or kwargs.get("position_bias") is not None or key.shape[2] != length
+    flag = kwargs.get("is_causal")  # as transformers' SDPA reads it
+    causal = attention_mask is None and (flag if flag is not None else getattr(module, "is_causal", True))
+    if plain or not (isinstance(gathers, tuple) and gathers and isinstance(scatter, torch.Tensor)) \
+            or scatter.numel() != b * length:  # not this batch's layout
+        if causal and not plain and length > 1:
+            kwargs.pop("is_causal", None)
+            return causal_sdpa(module, query, key, value, **kwargs)
         return _sdpa(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
     flat = [x.transpose(1, 2).reshape(b * length, x.shape[1], x.shape[3]) for x in (query, key, value)]
@@ -74,6 +87,31 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     for gather in gathers:
         n, longest = gather.shape
         q, k, v = (x.index_select(0, gather.reshape(-1)).view(n, longest, *x.shape[1:]).transpose(1, 2) for x in flat)
-        out, _ = _sdpa(module, q, k, v, None, is_causal=True, **kwargs)  # (n, longest, h, d)
+        out, _ = causal_sdpa(module, q, k, v, **kwargs)  # (n, longest, h, d)
         outs.append(out.reshape(n * longest, heads, -1))
     return torch.cat(outs).index_select(0, scatter).view(b, length, heads, -1), None
+
+
+def causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                **kwargs: object) -> tuple[torch.Tensor, None]:
+    """Causal SDPA over (batch, heads, seq, dim), queries and keys of one length; on a CPU, for 2
+    blocks to CPU_LONGEST tokens, one block of queries at a time against the keys up to its end
+    (the module docstring says why): (batch, seq, heads, dim), as transformers' SDPA returns."""
+    length, size = query.shape[2], 64 if query.shape[3] <= 16 else 128
+    if query.device.type != "cpu" or not 2 * size <= length <= CPU_LONGEST:
+        return _sdpa(module, query, key, value, None, is_causal=True, **kwargs)
+    outs = [_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask.to(query.dtype),
+                  is_causal=False, **kwargs)[0] for start, end, mask in query_blocks(length, size)]
+    return torch.cat(outs, dim=1), None
+
+
+@lru_cache(maxsize=64)
+def query_blocks(length: int, size: int) -> tuple[tuple[int, int, torch.Tensor], ...]:
+    """(start, end, additive mask (end - start, end)) per block of `size` queries: query start + r
+    sees keys 0..start + r."""
+    blocks = []
+    for start in range(0, length, size):
+        end = min(start + size, length)
+        seen = torch.ones(end - start, end, dtype=torch.bool).tril(start)
+        blocks.append((start, end, torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))))
+    return tuple(blocks)

@@ -86,3 +86,45 @@ def test_a_training_checkpoint_attends_packed_and_saves_a_plain_config(tmp_path)
     assert attention.NAME not in json.dumps(json.loads((tmp_path / "saved" / "config.json").read_text()))
     eager = AutoModelForCausalLM.from_pretrained(tmp_path / "base", attn_implementation="eager")
     assert not attention.use_packed_attention(eager)  # only a model on plain SDPA is switched
+
+
+class Layer:  # what transformers' SDPA reads of an attention layer
+    is_causal, num_key_value_groups = True, 1
+
+
+def fwd_bwd(fn, q, k, v, **kwargs):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out, _ = fn(Layer(), q, k, v, **kwargs)
+    (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+    return out.detach(), torch.cat([x.grad.flatten() for x in (q, k, v)])
+
+
+@pytest.mark.parametrize("head_dim,length", [(8, 128), (8, 200), (8, 512), (32, 256), (32, 300), (64, 129)])
+def test_query_blocks_attend_as_one_causal_call(head_dim, length):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(length)
+    q, k, v = (torch.randn(2, 3, length, head_dim) for _ in range(3))
+    attention.query_blocks.cache_clear()
+    got, got_grad = fwd_bwd(attention.causal_sdpa, q, k, v)
+    want, want_grad = fwd_bwd(lambda m, *x: sdpa_attention_forward(m, *x, None, is_causal=True), q, k, v)
+    blocks = attention.query_blocks.cache_info().currsize
+    assert blocks == (1 if length >= 2 * (64 if head_dim <= 16 else 128) else 0)  # 129 tokens at head_dim 64: one call
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (got_grad - want_grad).abs().max() <= 1e-5 * want_grad.abs().max()
+
+
+def test_a_model_without_packed_rows_attends_in_query_blocks_and_a_non_causal_call_stays_so():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, head_dim=8)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    ids = torch.randint(3, 96, (2, 300))
+    want = model(input_ids=ids).logits
+    assert attention.use_packed_attention(model)
+    attention.query_blocks.cache_clear()
+    assert torch.allclose(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+    assert attention.query_blocks.cache_info().currsize == 1  # 300 tokens, head_dim 8: blocks of 64
+    q, k, v = (torch.randn(1, 2, 256, 8) for _ in range(3))
+    full, _ = attention.packed_sdpa(Layer(), q, k, v, None, is_causal=False)
+    assert torch.allclose(full.transpose(1, 2), torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
