@@ -329,7 +329,22 @@ class SftStage(PostTrainSettings):
     replay_teacher: Literal["input", "base"] = Field(
         "input", description="replay_distill's teacher: the stage's input model, or the pipeline's base (the "
         "checkpoint the recipe starts from: what the retention check compares with)")
+    repeat: dict[Annotated[str, Field(pattern=NAME)], Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=dict, description="{source: times}: each training example of that source in `data` appears "
+        "this many times an epoch (default once; held-out examples once): a small set worth more updates than its "
+        "size gives, such as fill-in-the-blank questions beside a large question-answer set")
     schedule: Schedule = Schedule(kind="cosine", min_lr_ratio=0.0)
+
+    @model_validator(mode="after")
+    def _repeat(self) -> SftStage:
+        unknown = sorted(set(self.repeat) - set(self.data))
+        if unknown:
+            raise ValueError(f"repeat: {', '.join(unknown)} not among the stage's data ({', '.join(self.data)})")
+        return self
+
+    @property
+    def sources(self) -> dict[str, float]:
+        return {name: float(self.repeat.get(name, 1)) for name in self.data}
 
 
 class DpoStage(PostTrainSettings):

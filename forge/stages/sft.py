@@ -105,24 +105,26 @@ class SftStream:
 
 def load_examples(stage: SftStage, sources: dict[str, Any], tokenizer: Any,
                   held_out: bool) -> tuple[list[dict[str, Any]], dict[str, FormatStats], str | None]:
-    """(examples, counts per source, chat template) of the stage's sources, one split."""
+    """(examples, counts per source, chat template) of the stage's sources, one split; a training
+    split holds each example of a source in `stage.repeat` that many times."""
     examples: list[dict[str, Any]] = []
     counts: dict[str, FormatStats] = {}
     template: str | None = None
     for name in stage.data:
         stats = counts[name] = FormatStats()
+        times = 1 if held_out else stage.repeat.get(name, 1)
         if getattr(sources[name], "chat", None) is None:  # plain text: replayed with loss on every token
             # general text is distilled toward the teacher; a proprietary source (the customer's
             # documents) is there to be learned, so it keeps the plain language-modelling loss
             teach = stage.replay_distill and not getattr(sources[name], "proprietary", False)
             taught = {"teach": True} if teach else {}
             examples += [{**ex, **taught} for ex in text_examples(sources[name], tokenizer, stage.seq_len, held_out,
-                                                                   stats)]
+                                                                   stats)] * times
             continue
         spec = chat_spec(sources[name], f"stage {stage.name}", stage.train_on)
         made = list(sft_examples(split_rows(sources[name], held_out), tokenizer, spec, stage.seq_len, name, stats,
                                  OnError(sources[name].on_error, sources[name].max_errors)))
-        examples += [{**ex, "record": (name, n)} for ex, n in zip(made, stats.kept)]  # to name a bad batch's records
+        examples += [{**ex, "record": (name, n)} for ex, n in zip(made, stats.kept)] * times  # names a bad batch's records
         if template is None:
             template = resolve_chat_template(tokenizer, spec)[0]
     return examples, counts, template

@@ -89,3 +89,23 @@ def test_sft_on_plain_text_is_refused_with_the_dotted_path(tmp_path):
 def test_unknown_lora_target_refused_at_validate(tmp_path):
     with pytest.raises(ForgeError, match=r"stages\[0\]\.lora\.target_modules\[1\]: 'c_attn'"):
         load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, lora={"target_modules": ["q_proj", "c_attn"]}))
+
+
+def test_repeat_holds_a_sources_training_examples_that_many_times_and_names_an_unknown_source(tmp_path, tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from forge.stages.sft import load_examples
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    sources = {"qa": qa_source(tmp_path, holdout=0.25)}
+    once, counts, _ = load_examples(sft(), sources, tok, held_out=False)
+    thrice = load_examples(sft(repeat={"qa": 3}), sources, tok, held_out=False)[0]
+    assert len(thrice) == 3 * len(once) == 3 * counts["qa"].examples > 0
+    assert sorted(map(str, thrice)) == sorted(map(str, once * 3))  # the same examples, each three times
+    held = load_examples(sft(repeat={"qa": 3}), sources, tok, held_out=True)[0]
+    assert held and held == load_examples(sft(), sources, tok, held_out=True)[0]  # held out: once
+    assert sft(repeat={"qa": 3}).sources == {"qa": 3.0}  # MLflow's dataset weight tag
+    with pytest.raises(ForgeError, match=r"stages\[0\]: .*repeat: docs not among the stage's data \(qa\)"):
+        load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, repeat={"docs": 2}))
+    with pytest.raises(ForgeError, match=r"stages\[0\]\.repeat\.qa"):
+        load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, repeat={"qa": 0}))
