@@ -11,8 +11,9 @@ unused here).
 
 On a CPU, PyTorch's flash kernel takes up to 512 keys as one block and computes the masked half of
 a causal row anyway; so a causal call over 2 blocks to 512 tokens runs one query block at a time,
-each against the keys up to its end (about 20-30% off attention's forward and backward at
-seq_len 256-512, head_dim 8 to 128: bench/bench_attention.py). Past 512 tokens the kernel splits
+each against the keys up to its end (forward and backward of 512-token rows take a sixth less
+time at head_dim 32 to 128 and up to half less at head_dim 8; 256-token rows gain less:
+bench/bench_attention.py). Past 512 tokens the kernel splits
 the keys itself and skips what the mask hides; a GPU's kernels always do.
 
 The gather and scatter indices are made on the host with the batch (forge.data.packing.collate),
