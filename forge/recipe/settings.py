@@ -337,6 +337,10 @@ class SftStage(PostTrainSettings):
 
     @model_validator(mode="after")
     def _repeat(self) -> SftStage:
+        twice = sorted({name for name in self.data if self.data.count(name) > 1})
+        if twice:
+            raise ValueError(f"data: {', '.join(twice)} listed more than once; to train on a source's examples "
+                             f"more often, set repeat: {{{twice[0]}: 2}}")
         unknown = sorted(set(self.repeat) - set(self.data))
         if unknown:
             raise ValueError(f"repeat: {', '.join(unknown)} not among the stage's data ({', '.join(self.data)})")

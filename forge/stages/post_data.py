@@ -39,8 +39,9 @@ def split_rows(source: Source, held_out: bool) -> Iterator[tuple[int, str, objec
             yield number, where, row
 
 
-def tokens_by_source(counts: dict[str, FormatStats], tokens: int) -> dict[str, int]:
-    """The tokens trained on, split over the sources by their share of the encoded tokens."""
-    share = {n: c.tokens for n, c in counts.items()}
+def tokens_by_source(counts: dict[str, FormatStats], tokens: int, repeat: dict[str, int] | None = None) -> dict[str, int]:
+    """The tokens trained on, split over the sources by their share of the encoded tokens (a
+    source's counted `repeat` times an epoch where a stage repeats it)."""
+    share = {n: c.tokens * (repeat or {}).get(n, 1) for n, c in counts.items()}
     total = max(1, sum(share.values()))
     return {n: round(tokens * v / total) for n, v in share.items()}

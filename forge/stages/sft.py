@@ -242,7 +242,7 @@ def _outcome(stage: SftStage, data: SftStream, counts: dict[str, FormatStats], t
                **({"replay_distill": stage.replay_distill, "replay_teacher": stage.replay_teacher}
                   if stage.replay_distill else {}),
                **({"lora": stage.lora.model_dump()} if stage.lora else {})}
-    return Outcome(metrics, tokens_by_source(counts, tokens), lineage)
+    return Outcome(metrics, tokens_by_source(counts, tokens, stage.repeat), lineage)
 
 
 def _sample_prompts(stage: SftStage, sources: dict[str, Any], held: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

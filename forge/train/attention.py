@@ -18,7 +18,8 @@ the keys itself and skips what the mask hides; a GPU's kernels always do.
 
 The gather and scatter indices are made on the host with the batch (forge.data.packing.collate),
 so the step reads nothing from the device. Registered with transformers' public AttentionInterface
-under NAME; a call with a mask (evaluation of padded rows, generation) is plain SDPA.
+under NAME; a call with a mask (padded rows), with queries and keys of other lengths (decoding from a
+cache), non-causal, with a sliding window or a position bias is transformers' plain SDPA.
 """
 from __future__ import annotations
 
@@ -108,11 +109,17 @@ def causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 @lru_cache(maxsize=64)
 def query_blocks(length: int, size: int) -> tuple[tuple[int, int, torch.Tensor], ...]:
-    """(start, end, additive mask (end - start, end)) per block of `size` queries: query start + r
-    sees keys 0..start + r."""
+    """(start, end, additive float32 mask (end - start, end) on the CPU) per block of `size`
+    queries, a tail shorter than half a block joined to the block before it (a one-query block
+    would send transformers' SDPA down its decoding path): query start + r sees keys 0..start + r.
+    Made as ordinary tensors even under inference_mode, since a training step may reuse them."""
+    starts = list(range(0, length, size))
+    if len(starts) > 1 and length - starts[-1] < size // 2:
+        starts.pop()
     blocks = []
-    for start in range(0, length, size):
-        end = min(start + size, length)
-        seen = torch.ones(end - start, end, dtype=torch.bool).tril(start)
-        blocks.append((start, end, torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))))
+    with torch.inference_mode(False):
+        for start, end in zip(starts, starts[1:] + [length]):
+            seen = torch.ones(end - start, end, dtype=torch.bool, device="cpu").tril(start)
+            mask = torch.zeros(seen.shape, dtype=torch.float32, device="cpu").masked_fill_(~seen, float("-inf"))
+            blocks.append((start, end, mask))
     return tuple(blocks)

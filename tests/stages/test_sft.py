@@ -105,7 +105,13 @@ def test_repeat_holds_a_sources_training_examples_that_many_times_and_names_an_u
     held = load_examples(sft(repeat={"qa": 3}), sources, tok, held_out=True)[0]
     assert held and held == load_examples(sft(), sources, tok, held_out=True)[0]  # held out: once
     assert sft(repeat={"qa": 3}).sources == {"qa": 3.0}  # MLflow's dataset weight tag
+    from forge.data.formats import FormatStats
+    from forge.stages.post_data import tokens_by_source
+    both = {"qa": FormatStats(tokens=100), "docs": FormatStats(tokens=100)}
+    assert tokens_by_source(both, 900, {"qa": 2}) == {"qa": 600, "docs": 300}  # the trained tokens, repeats counted
     with pytest.raises(ForgeError, match=r"stages\[0\]: .*repeat: docs not among the stage's data \(qa\)"):
         load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, repeat={"docs": 2}))
+    with pytest.raises(ForgeError, match=r"data: qa listed more than once; .* set repeat: \{qa: 2\}"):
+        load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, data=["qa", "qa"]))
     with pytest.raises(ForgeError, match=r"stages\[0\]\.repeat\.qa"):
         load_recipe(_recipe(tmp_path, {"kind": "prompt_completion"}, repeat={"qa": 0}))

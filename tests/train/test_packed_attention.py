@@ -114,17 +114,21 @@ def test_query_blocks_attend_as_one_causal_call(head_dim, length):
     assert (got_grad - want_grad).abs().max() <= 1e-5 * want_grad.abs().max()
 
 
-def test_a_model_without_packed_rows_attends_in_query_blocks_and_a_non_causal_call_stays_so():
+@pytest.mark.parametrize("length", [129, 193, 300])  # 129 and 193: a one-token tail, joined to the block before
+def test_a_model_without_packed_rows_attends_in_query_blocks_and_a_non_causal_call_stays_so(length):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, head_dim=8)
+                      num_key_value_heads=2, max_position_embeddings=512, head_dim=8)  # grouped-query
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    ids = torch.randint(3, 96, (2, 300))
+    ids = torch.randint(3, 96, (2, length))
     want = model(input_ids=ids).logits
     assert attention.use_packed_attention(model)
     attention.query_blocks.cache_clear()
-    assert torch.allclose(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
-    assert attention.query_blocks.cache_info().currsize == 1  # 300 tokens, head_dim 8: blocks of 64
+    with torch.inference_mode():  # masks first made here must still serve a training step
+        assert torch.allclose(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+    assert attention.query_blocks.cache_info().currsize == 1  # head_dim 8: blocks of 64
+    assert all(end - start >= 32 for start, end, _ in attention.query_blocks(length, 64))
+    model(input_ids=ids, labels=ids).loss.backward()
     q, k, v = (torch.randn(1, 2, 256, 8) for _ in range(3))
     full, _ = attention.packed_sdpa(Layer(), q, k, v, None, is_causal=False)
     assert torch.allclose(full.transpose(1, 2), torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
