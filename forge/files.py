@@ -1,9 +1,11 @@
-"""Folders that appear whole or not at all (checkpoints, the Novella, caches, a built base, an export)."""
+"""Folders and files that appear whole or not at all (checkpoints, the Novella, caches, a built base, an
+export, a generated or derived data file)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
@@ -11,9 +13,26 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from forge.errors import ForgeError
+
+
+def write_jsonl(path: Path, rows: Iterable[object], ensure_ascii: bool = False) -> Path:
+    """Write `rows` as JSON lines at `path` whole or not at all: into a hidden file beside it (named
+    with this process's id, so two writers never share one), then one atomic rename; an error
+    leaves `path` as it was and removes the partial file. `ensure_ascii` as json.dumps takes it
+    (a file whose bytes are fingerprinted keeps the escaping it was written with)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=ensure_ascii) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 @contextlib.contextmanager

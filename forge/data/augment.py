@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 from dataclasses import replace
@@ -22,6 +21,7 @@ from pathlib import Path
 from forge.data.mixing import aligned, in_holdout
 from forge.data.sources import Source
 from forge.errors import ForgeError
+from forge.files import write_jsonl
 
 # a sentence ends at . ! or ? followed by white space and a capital letter or a digit
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
@@ -74,11 +74,6 @@ def augment_source(src: Source, count: int, seed: int, fingerprint: str, out_dir
             with open(extra, encoding="utf-8") as f:
                 flagged += [({"text": json.loads(line)["text"]}, False) for line in f if line.strip()]
         rows = aligned(flagged + [({"text": t}, True) for t in held], src.holdout_key, src.holdout)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        write_jsonl(path, rows)
     return replace(src, files=(path,), format="jsonl", text_fields=("text",), split="paragraph", hub=None,
                    saved_dataset=None, max_records=None, max_tokens=None, split_key=src.holdout_key)

@@ -16,8 +16,6 @@ questions, so nothing of the source's evaluation split is trained on.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +25,7 @@ from forge.data.formats import FormatSpec
 from forge.data.mixing import in_holdout
 from forge.data.sources import Source
 from forge.errors import ForgeError
+from forge.files import write_jsonl
 
 PROMPT = "Fill in the blank: "
 BLANK = "___"
@@ -104,23 +103,18 @@ def cloze_source(name: str, origin: Source, fingerprint: str, out_dir: Path, hol
     path = out_dir / f"cloze-{name}-{key}.jsonl"
     if not path.is_file():
         seen: set[str] = set()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for n, text in origin.records():
-                if in_holdout(origin.holdout_key, n, origin.holdout):
-                    continue
-                for q, a in questions(text):
-                    if q not in seen:
-                        seen.add(q)
-                        f.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                                         {"role": "assistant", "content": a}]},
-                                           ensure_ascii=False) + "\n")
-        if not seen:
-            tmp.unlink()
+        rows = []
+        for n, text in origin.records():
+            if in_holdout(origin.holdout_key, n, origin.holdout):
+                continue
+            for q, a in questions(text):
+                if q not in seen:
+                    seen.add(q)
+                    rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+        if not rows:
             raise ForgeError(f"data.{name}.cloze: the training documents of data.{origin.name} state no number or "
                              "name to ask for (forge.data.cloze.spans)")
-        os.replace(tmp, path)
+        write_jsonl(path, rows)
     return replace(origin, name=name, skipped={}, on_error="fail", files=(path,), format="jsonl",
                    text_fields=("text",), split="paragraph", hub=None, saved_dataset=None, max_records=None,
                    max_tokens=None, split_key=None,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Callable, Iterable
 
 from forge.data.mixing import in_holdout
 from forge.data.sources import Source
+from forge.files import write_jsonl
 
 # how a paraphrase is asked to be written: the seed picks one per paraphrase (decoding is greedy,
 # so the styles are what makes a document's paraphrases differ)
@@ -213,11 +213,7 @@ def write_rewrites(src: Source, ask: Callable[[], Ask], settings: dict, generato
         kept += [(n, text) for text in judge_answers(passages[n], kind, answer, n_qa, counts)]
     cleaned = list(clean(kept))
     counts.removed_by_hygiene = len(kept) - len(cleaned)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for n, text in cleaned:
-            f.write(json.dumps({"text": text, "document": n}, ensure_ascii=False) + "\n")
-    counts_path.write_text(json.dumps(counts.as_dict(), indent=1))
-    os.replace(tmp, path)
+    counts_path.parent.mkdir(parents=True, exist_ok=True)
+    counts_path.write_text(json.dumps(counts.as_dict(), indent=1))  # before the file whose presence says done
+    write_jsonl(path, ({"text": text, "document": n} for n, text in cleaned))
     return path, counts

@@ -10,12 +10,11 @@ trains on a held-out record of any set: a module held out of `general` is held o
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Callable
 
 from forge.data.mixing import aligned
+from forge.files import write_jsonl
 from forge.gen import harvest
 
 SETS = ("general", "highquality", "long", "skills", "instructions", "preferences")
@@ -54,10 +53,5 @@ def write_curated(name: str, documents: int, seed: int, path: Path, stories: Sto
     if path.is_file():
         return path
     rows = aligned(records(name, documents, seed, holdout, stories), name, holdout)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_jsonl(path, rows)
 

@@ -6,10 +6,10 @@ deterministic in their seed and written once as JSONL, so they get a content has
 """
 from __future__ import annotations
 
-import json
-import os
 import random
 from pathlib import Path
+
+from forge.files import write_jsonl
 
 _NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ben", "Lily", "Tom", "Emma", "Noah", "Ella"]
 _ANIMALS = ["cat", "dog", "bird", "fox", "rabbit", "duck", "bear", "frog", "horse", "mouse"]
@@ -79,9 +79,4 @@ def write_generated(kind: str, documents: int, seed: int, path: Path) -> Path:
         return path
     make = {"stories": _story, "facts": _facts}[kind]
     rng = random.Random(seed)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for _ in range(documents):
-            f.write(json.dumps({"text": make(rng)}) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_jsonl(path, ({"text": make(rng)} for _ in range(documents)), ensure_ascii=True)

@@ -14,8 +14,6 @@ Recipes read it through `generate: {kind: kb_docs | kb_faq | kb_chat | kb_qa | k
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
 import re
 from collections import Counter
@@ -24,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+
+from forge.files import write_jsonl
 
 KINDS = ("kb_docs", "kb_faq", "kb_chat", "kb_qa", "kb_eval")
 # forge's default chat template (forge.data.chat_render) with the special tokens of forge's tokenizers:
@@ -328,12 +328,7 @@ def write_kb(kind: str, documents_: int, seed: int, path: Path) -> Path:
         rows = qa_records(kb, documents_)
     else:
         rows = eval_records(kb, documents_)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_jsonl(path, rows, ensure_ascii=True)
 
 
 @lru_cache(maxsize=1)
