@@ -73,17 +73,15 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     group of examples of like length (forge.data.packing.segments); causal_sdpa for a causal call
     with no mask; transformers' SDPA for any other."""
     gathers, scatter = kwargs.pop("segment_gathers", ()), kwargs.pop("segment_scatter", None)
+    flag = kwargs.pop("is_causal", None)
     b, heads, length, _ = query.shape
     plain = kwargs.get("sliding_window") or kwargs.get("position_bias") is not None or key.shape[2] != length
-    flag = kwargs.get("is_causal")  # as transformers' SDPA reads it
-    causal = attention_mask is None and (flag if flag is not None else getattr(module, "is_causal", True))
     if plain or not (isinstance(gathers, tuple) and gathers and isinstance(scatter, torch.Tensor)) \
             or scatter.numel() != b * length:  # not this batch's layout
-        if causal and not plain and length > 1:
-            kwargs.pop("is_causal", None)
+        causal = flag if flag is not None else getattr(module, "is_causal", True)  # as transformers' SDPA reads it
+        if causal and attention_mask is None and not plain and length > 1:
             return causal_sdpa(module, query, key, value, **kwargs)
-        return _sdpa(module, query, key, value, attention_mask, **kwargs)
-    kwargs.pop("is_causal", None)
+        return _sdpa(module, query, key, value, attention_mask, is_causal=flag, **kwargs)
     flat = [x.transpose(1, 2).reshape(b * length, x.shape[1], x.shape[3]) for x in (query, key, value)]
     outs = []
     for gather in gathers:
@@ -102,14 +100,14 @@ def causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     length, size = query.shape[2], 64 if query.shape[3] <= 16 else 128
     if query.device.type != "cpu" or not 2 * size <= length <= CPU_LONGEST:
         return _sdpa(module, query, key, value, None, is_causal=True, **kwargs)
-    outs = [_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask.to(query.dtype),
-                  is_causal=False, **kwargs)[0] for start, end, mask in query_blocks(length, size)]
+    outs = [_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask, is_causal=False,
+                  **kwargs)[0] for start, end, mask in query_blocks(length, size, query.dtype)]
     return torch.cat(outs, dim=1), None
 
 
 @lru_cache(maxsize=64)
-def query_blocks(length: int, size: int) -> tuple[tuple[int, int, torch.Tensor], ...]:
-    """(start, end, additive float32 mask (end - start, end) on the CPU) per block of `size`
+def query_blocks(length: int, size: int, dtype: torch.dtype = torch.float32) -> tuple[tuple[int, int, torch.Tensor], ...]:
+    """(start, end, additive mask (end - start, end) of `dtype` on the CPU) per block of `size`
     queries, a tail shorter than half a block joined to the block before it (a one-query block
     would send transformers' SDPA down its decoding path): query start + r sees keys 0..start + r.
     Made as ordinary tensors even under inference_mode, since a training step may reuse them."""
@@ -120,6 +118,6 @@ def query_blocks(length: int, size: int) -> tuple[tuple[int, int, torch.Tensor],
     with torch.inference_mode(False):
         for start, end in zip(starts, starts[1:] + [length]):
             seen = torch.ones(end - start, end, dtype=torch.bool, device="cpu").tril(start)
-            mask = torch.zeros(seen.shape, dtype=torch.float32, device="cpu").masked_fill_(~seen, float("-inf"))
+            mask = torch.zeros(seen.shape, dtype=dtype, device="cpu").masked_fill_(~seen, float("-inf"))
             blocks.append((start, end, mask))
     return tuple(blocks)
